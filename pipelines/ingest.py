@@ -1,0 +1,196 @@
+"""DVC stage ``ingest``: raw tool-calling datasets -> one record format, with every reject accounted for.
+
+    python -m ooospec.pipelines.ingest data/ingest            # reads params.yaml: ingest
+    ooospec ingest data/ingest --write-lock                   # re-pin the raw files after pointing at new data
+
+1. Checks every raw file of the selected sources against the committed sha256 lock (``pipelines/sources.lock.json``);
+   a missing or changed file stops the stage with the list of offending paths.
+2. Runs each source parser (``pipelines/sources/<name>.py``), validates every record (tools are JSON Schema, gold
+   calls validate against their tool), and writes ``records.jsonl`` and ``rejects.jsonl`` (both sorted by id),
+   ``metrics/ingest.json`` (counts per source, split and reject reason) and the data card ``data_cards/ingest.md``.
+
+A record that fails is never dropped silently: it goes to the rejects file with its reason and detail. With
+``on_reject: fail`` any reject fails the stage; with ``skip`` (default) the stage fails only when a source rejects more
+than ``max_reject_fraction`` of its items (a parser that broke on new data should not pass quietly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ooospec.pipelines import sources as source_registry
+from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.records import (
+    Reject,
+    sha256_file,
+    validate_record,
+    write_json,
+    write_jsonl,
+)
+
+LOCK_FILE = Path(__file__).with_name("sources.lock.json")
+
+
+@dataclass(frozen=True)
+class IngestParams:
+    source: str = "../shared/datasets"          # folder holding <source>/raw/... (a checkout of the upstream repos)
+    sources: tuple[str, ...] = ("apibank", "toolalpaca", "bfcl", "sealtools", "glaive", "toolrl")
+    on_reject: str = "skip"                      # skip | fail
+    max_reject_fraction: float = 0.05            # per source, when on_reject == skip
+
+    def __post_init__(self):
+        if self.on_reject not in ("skip", "fail"):
+            raise ValueError(f"ingest.on_reject must be 'skip' or 'fail', got {self.on_reject!r}")
+        unknown = sorted(set(self.sources) - set(source_registry.SOURCES))
+        if unknown:
+            raise ValueError(f"ingest.sources: unknown source(s) {unknown}; known: {sorted(source_registry.SOURCES)}")
+
+
+class LockMismatch(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- sha256 lock
+
+def raw_files(root: Path, name: str) -> list[Path]:
+    folder = root / source_registry.SOURCES[name][1]
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def compute_lock(root: Path, names: list[str]) -> dict[str, str]:
+    lock = {}
+    for name in names:
+        for p in raw_files(root, name):
+            lock[p.relative_to(root).as_posix()] = sha256_file(p)
+    return dict(sorted(lock.items()))
+
+
+def check_lock(root: Path, names: list[str], lock: dict[str, str]) -> None:
+    """Raise LockMismatch naming every missing, changed or unpinned file of the selected sources."""
+    if not root.is_dir():
+        raise LockMismatch(f"ingest.source {str(root)!r} is not a folder (expected <source>/raw/... below it)")
+    prefixes = tuple(source_registry.SOURCES[n][1] + "/" for n in names)
+    wanted = {k: v for k, v in lock.items() if k.startswith(prefixes)}
+    found = compute_lock(root, names)
+    missing = sorted(set(wanted) - set(found))
+    changed = sorted(k for k in set(wanted) & set(found) if wanted[k] != found[k])
+    unpinned = sorted(set(found) - set(wanted))
+    if missing or changed or unpinned:
+        lines = [f"raw data under {root} does not match {LOCK_FILE.name}:"]
+        lines += [f"  missing:  {k}" for k in missing[:20]]
+        lines += [f"  changed:  {k} (sha256 {found[k][:12]}… != locked {wanted[k][:12]}…)" for k in changed[:20]]
+        lines += [f"  unpinned: {k}" for k in unpinned[:20]]
+        lines.append("If you pointed ingest.source at your own checkout on purpose, re-pin it with "
+                     "`ooospec ingest data/ingest --write-lock` and commit the lock.")
+        raise LockMismatch("\n".join(lines))
+
+
+# ---------------------------------------------------------------- the stage
+
+def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metrics/ingest.json"),
+        card_path: Path | None = Path("data_cards/ingest.md"), lock: dict[str, str] | None = None,
+        check: bool = True) -> dict:
+    root = Path(params.source)
+    names = list(params.sources)
+    if check:
+        check_lock(root, names, json.loads(LOCK_FILE.read_text()) if lock is None else lock)
+
+    records: list[dict] = []
+    rejects: list[dict] = []
+    stats: dict = {"sources": {}}
+    failures = []
+    for name in names:
+        mod = source_registry.load(name)
+        per_split: dict[str, Counter] = defaultdict(Counter)
+        reasons: Counter = Counter()
+        seen_ids: set[str] = set()
+        folder = root / source_registry.SOURCES[name][1]
+        for item in tqdm(mod.parse(folder), desc=f"ingest {name}", unit="rec", leave=False):
+            if isinstance(item, Reject):
+                rej = item.to_json()
+            else:
+                bad = validate_record(item)
+                if bad is None and item["id"] in seen_ids:
+                    bad = ("duplicate_id", f"id {item['id']!r} produced twice by the parser")
+                if bad is None:
+                    seen_ids.add(item["id"])
+                    records.append(item)
+                    per_split[item["split"]]["parsed"] += 1
+                    continue
+                rej = Reject(name, item.get("split", "?"), item.get("id", "?").split("/", 2)[-1],
+                             bad[0], bad[1], raw=item).to_json()
+            rejects.append(rej)
+            per_split[rej["split"]]["rejected"] += 1
+            per_split[rej["split"]][f"rejected:{rej['reason']}"] += 1
+            reasons[rej["reason"]] += 1
+        parsed = sum(c["parsed"] for c in per_split.values())
+        rejected = sum(reasons.values())
+        frac = rejected / max(1, parsed + rejected)
+        stats["sources"][name] = {
+            "parsed": parsed, "rejected": rejected, "reject_fraction": round(frac, 4),
+            "rejects_by_reason": dict(sorted(reasons.items())),
+            "splits": {s: dict(sorted(c.items())) for s, c in sorted(per_split.items())},
+            "license": getattr(mod, "LICENSE", "?"), "upstream": getattr(mod, "UPSTREAM", "?"),
+        }
+        print(f"ingest {name:<11} parsed {parsed:>6}  rejected {rejected:>5} ({frac:.1%})"
+              + (f"  {dict(sorted(reasons.items()))}" if reasons else ""), file=sys.stderr)
+        if params.on_reject == "fail" and rejected:
+            failures.append(f"{name}: {rejected} rejects (on_reject=fail)")
+        elif frac > params.max_reject_fraction:
+            failures.append(f"{name}: reject fraction {frac:.1%} > max_reject_fraction {params.max_reject_fraction:.1%}")
+
+    records.sort(key=lambda r: r["id"])
+    rejects.sort(key=lambda r: (r["id"], r["reason"]))
+    stats["total"] = {"records": len(records), "rejects": len(rejects)}
+    stats["params"] = as_dict(params)
+    out_dir = Path(out_dir)
+    write_jsonl(out_dir / "records.jsonl", records)
+    write_jsonl(out_dir / "rejects.jsonl", rejects)
+    write_json(metrics_path, stats)
+    if card_path is not None:
+        from ooospec.pipelines.data_cards import ingest_card
+        ingest_card(stats, card_path)
+    if failures:
+        raise SystemExit("ingest failed:\n  " + "\n  ".join(failures) + f"\n(see {out_dir / 'rejects.jsonl'})")
+    return stats
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out_dir", type=Path, help="folder for records.jsonl and rejects.jsonl")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--metrics", type=Path, default=Path("metrics/ingest.json"))
+    p.add_argument("--card", type=Path, default=Path("data_cards/ingest.md"))
+    p.add_argument("--write-lock", action="store_true",
+                   help="re-pin the sha256 of every raw file of the selected sources, then stop")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    params = load_section(IngestParams, "ingest", args.params)
+    if args.write_lock:
+        lock = compute_lock(Path(params.source), list(params.sources))
+        LOCK_FILE.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+        print(f"pinned {len(lock)} files in {LOCK_FILE}")
+        return 0
+    try:
+        run(params, args.out_dir, metrics_path=args.metrics, card_path=args.card)
+    except LockMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.ingest", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_cli(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
