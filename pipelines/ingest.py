@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -44,6 +44,7 @@ class IngestParams:
     sources: tuple[str, ...] = ("apibank", "toolalpaca", "bfcl", "sealtools", "glaive", "toolrl")
     on_reject: str = "skip"                      # skip | fail
     max_reject_fraction: float = 0.05            # per source, when on_reject == skip
+    max_reject_fraction_by_source: dict = field(default_factory=dict)   # overrides, e.g. {toolalpaca: 0.12}
 
     def __post_init__(self):
         if self.on_reject not in ("skip", "fail"):
@@ -143,8 +144,8 @@ def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metri
               + (f"  {dict(sorted(reasons.items()))}" if reasons else ""), file=sys.stderr)
         if params.on_reject == "fail" and rejected:
             failures.append(f"{name}: {rejected} rejects (on_reject=fail)")
-        elif frac > params.max_reject_fraction:
-            failures.append(f"{name}: reject fraction {frac:.1%} > max_reject_fraction {params.max_reject_fraction:.1%}")
+        elif frac > (limit := params.max_reject_fraction_by_source.get(name, params.max_reject_fraction)):
+            failures.append(f"{name}: reject fraction {frac:.1%} > max_reject_fraction {limit:.1%}")
 
     records.sort(key=lambda r: r["id"])
     rejects.sort(key=lambda r: (r["id"], r["reason"]))

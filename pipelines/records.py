@@ -19,6 +19,7 @@ A record that cannot be parsed or fails validation becomes a :class:`Reject` and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -82,6 +83,21 @@ def tool_by_name(record: dict) -> dict[str, dict]:
     return {t["function"]["name"]: t["function"] for t in record["tools"]}
 
 
+@functools.lru_cache(maxsize=16384)
+def _schema_problem(schema_json: str) -> str | None:
+    """Checking a schema against the metaschema is slow; tools repeat across records, so cache by content."""
+    try:
+        Draft202012Validator.check_schema(json.loads(schema_json))
+    except jsonschema.SchemaError as e:
+        return e.message[:200]
+    return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _validator(schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
+
+
 def validate_record(rec: dict) -> tuple[str, str] | None:
     """Return ``(reason, detail)`` if the record is not usable, else None.
 
@@ -106,10 +122,9 @@ def validate_record(rec: dict) -> tuple[str, str] | None:
             params = fn.get("parameters")
             if not isinstance(params, dict) or params.get("type") != "object":
                 return INVALID_TOOL_SCHEMA, f"tool {name!r}: parameters must be a JSON Schema of type object"
-            try:
-                Draft202012Validator.check_schema(params)
-            except jsonschema.SchemaError as e:
-                return INVALID_TOOL_SCHEMA, f"tool {name!r}: {e.message[:200]}"
+            problem = _schema_problem(canonical_json(params))
+            if problem:
+                return INVALID_TOOL_SCHEMA, f"tool {name!r}: {problem}"
             tools[name] = params
         for c in rec["calls"]:
             name, args = c.get("name"), c.get("arguments")
@@ -117,7 +132,7 @@ def validate_record(rec: dict) -> tuple[str, str] | None:
                 return CALL_UNKNOWN_TOOL, f"call {name!r} not in tools {sorted(tools)[:8]}"
             if not isinstance(args, dict):
                 return CALL_SCHEMA_VIOLATION, f"call {name!r}: arguments must be an object"
-            err = jsonschema.exceptions.best_match(Draft202012Validator(tools[name]).iter_errors(args))
+            err = jsonschema.exceptions.best_match(_validator(canonical_json(tools[name])).iter_errors(args))
             if err is not None:
                 path = "/".join(str(p) for p in err.absolute_path) or "<root>"
                 return CALL_SCHEMA_VIOLATION, f"call {name!r} at {path}: {err.message[:200]}"
