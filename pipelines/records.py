@@ -212,9 +212,18 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def compact_json(obj: Any) -> str:
+    """Compact JSON that keeps key order (schemas' property order is meaningful to the models that read them)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
-    """Write rows as JSONL atomically (temp file + rename); returns the row count."""
-    lines = [canonical_json(r) for r in rows]
+    """Write rows as compact JSONL atomically (temp file + rename), key order kept; returns the row count.
+
+    Determinism comes from the producers (sorted rows, fixed key order), not from sorting keys here: a tool's
+    ``properties`` order is what a chat template shows the model, so it must survive the pipeline.
+    """
+    lines = [compact_json(r) for r in rows]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return len(lines)
 

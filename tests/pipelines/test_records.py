@@ -84,10 +84,10 @@ def test_norm_value_unifies_numbers_and_strings():
     assert R.canonical_calls([R.call("f", {"n": True})]) != R.canonical_calls([R.call("f", {"n": 1})])
 
 
-def test_write_jsonl_is_atomic_and_canonical(tmp_path):
+def test_write_jsonl_is_atomic_and_keeps_key_order(tmp_path):
     p = tmp_path / "x" / "out.jsonl"
     assert R.write_jsonl(p, [{"b": 1, "a": "é"}]) == 1
-    assert p.read_text(encoding="utf-8") == '{"a":"é","b":1}\n'
+    assert p.read_text(encoding="utf-8") == '{"b":1,"a":"é"}\n'
     assert [q.name for q in p.parent.iterdir()] == ["out.jsonl"]   # no temp file left behind
     assert list(R.read_jsonl(p)) == [json.loads('{"a":"é","b":1}')]
 

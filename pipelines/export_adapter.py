@@ -1,0 +1,286 @@
+"""DVC stage ``export_adapter``: lay the trained sidecar out as a Hugging Face Hub model repo, optionally push it.
+
+``export/sidecar-adapter/`` gets::
+
+    adapter_model.safetensors  adapter_config.json     the peft adapter (base_model_name_or_path = Hub id)
+    tokenizer.json  tokenizer_config.json ...          the sidecar's tokenizer
+    README.md                                          model card: YAML front matter + data, recipe, metrics, usage
+    recipe.yaml  params.json                           the recipe and params sections that produced it
+
+Run as a stage, or by hand with a push (HF_TOKEN from the environment; it is never printed or logged)::
+
+    python -m ooospec.pipelines.export_adapter models/sidecar export/sidecar-adapter --metrics-dir metrics
+    HF_TOKEN=... ooospec export --push you/ooo-spec-sidecar
+
+Without a token, or when the Hub cannot be reached, the push prints ONE line saying so and exits with
+status 2 (no token) or 3 (upload failed); the exported folder is kept either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.records import atomic_write_text, write_json
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+CARD_METRICS = ("ingest", "dedupe", "teacher", "normalize", "expand_slots", "train_sidecar", "eval_sidecar")
+EXIT_NO_TOKEN, EXIT_PUSH_FAILED = 2, 3
+DATA_LICENSES = """\
+| source | role | license |
+|---|---|---|
+| API-Bank (AlibabaResearch/DAMO-ConvAI, `api-bank/`) | training + held-out | Apache-2.0 |
+| ToolAlpaca (tangqiaoyu/ToolAlpaca) | training + held-out | Apache-2.0 |
+| Seal-Tools (fairyshine/Seal-Tools) | training + held-out | Apache-2.0 |
+| Glaive function-calling demo (hiyouga/LLaMA-Factory) | training | Apache-2.0 |
+| ToolRL `rlla_sft` (qiancheng0/ToolRL) | training | Apache-2.0 |
+| BFCL (ShishirPatil/gorilla) | evaluation only, never trained on | Apache-2.0 |
+
+Part of the ToolRL data is derived from **xLAM-function-calling-60k** (Salesforce, CC-BY-4.0), directly and via
+Hammer's masked variant. Attribution: *xLAM function-calling data © Salesforce, licensed under CC BY 4.0
+(https://creativecommons.org/licenses/by/4.0/)*; keep this notice when you redistribute the adapter.
+ToolACE-derived rows are Apache-2.0. Teacher traces were decoded by the project's teacher model; only the
+normalized compact-JSON calls were kept."""
+
+
+@dataclass(frozen=True)
+class ExportAdapterParams:
+    """params.yaml section ``export_adapter``."""
+
+    license: str = "apache-2.0"
+    model_name: str = "ooo-spec-sidecar"
+    tags: tuple[str, ...] = ("lora", "peft", "trl", "sft", "tool-calling", "function-calling",
+                             "speculative-decoding", "ooo-spec")
+
+
+# ------------------------------------------------------------------------------------------- model card
+
+def read_metrics(metrics_dir: Path) -> dict[str, dict]:
+    """``{stage: metrics}`` for each ``metrics/<stage>.json`` of :data:`CARD_METRICS` that exists."""
+    out = {}
+    for stage in CARD_METRICS:
+        path = Path(metrics_dir) / f"{stage}.json"
+        if path.is_file():
+            out[stage] = json.loads(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _scalars(d: dict, prefix: str = "", depth: int = 2) -> list[tuple[str, Any]]:
+    """Flatten numbers/strings of a metrics dict to ``[("a.b", v)]`` (lists and deep levels skipped)."""
+    rows = []
+    for k in sorted(d):
+        v = d[k]
+        if isinstance(v, dict) and depth > 0:
+            rows += _scalars(v, f"{prefix}{k}.", depth - 1)
+        elif isinstance(v, (int, float, str)) and not isinstance(v, bool) and len(str(v)) < 80:
+            rows.append((f"{prefix}{k}", v))
+    return rows
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    return "\n".join(["| key | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
+
+
+def eval_section(ev: dict | None) -> str:
+    if not ev:
+        return "_No offline evaluation yet (run the `eval_sidecar` stage)._"
+    lat = ev.get("latency", {})
+    anchor = ev.get("anchor", {})
+    return "\n".join([
+        f"Held-out slot rows: {ev.get('rows')} rows from {ev.get('requests')} requests, greedy decoding.",
+        "",
+        "| metric | this adapter | public reproduction (Qwen3-0.6B, GPU) |",
+        "|---|---|---|",
+        (f"| function-index accuracy | {_pct(ev['function_index']['accuracy'])} "
+         f"| {_pct(anchor.get('function_index_accuracy'))} |"),
+        (f"| argument exact match | {_pct(ev['argument']['exact_match'])} "
+         f"| {_pct(anchor.get('argument_exact_match'))} |"),
+        f"| argument exact match (non-null gold) | {_pct(ev['argument'].get('exact_match_non_null'))} | |",
+        f"| direct-call exact match | {_pct(ev['direct_call']['exact_match'])} | |",
+        f"| null precision / recall | {_pct(ev['null']['precision'])} / {_pct(ev['null']['recall'])} | |",
+        (f"| slot-wave latency, median (CPU, {lat.get('threads')} thread) | {lat.get('median_ms')} ms "
+         f"({lat.get('median_wave_rows')} rows per wave) | |"),
+    ])
+
+
+def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict]) -> str:
+    """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body."""
+    base_id = recipe.get("base_model_id") or recipe["base"]
+    front = yaml.safe_dump({"base_model": base_id, "library_name": "peft", "license": params.license,
+                            "pipeline_tag": "text-generation", "tags": list(params.tags)}, sort_keys=False)
+    tr = metrics.get("train_sidecar", {})
+    rows = tr.get("rows", {})
+    data_lines = [f"- `{stage}`: " + ", ".join(f"{k}={v}" for k, v in _scalars(m, depth=1)[:12])
+                  for stage, m in metrics.items() if stage not in ("train_sidecar", "eval_sidecar")]
+    by_form = ", ".join(f"{k} {v}" for k, v in sorted((rows.get("by_form") or {}).items()))
+    train_rows = [("rows trained", rows.get("trained")), ("rows by form", by_form),
+                  ("rows available", rows.get("available")), ("dropped (> max_len)", rows.get("dropped_too_long")),
+                  ("completion tokens", tr.get("completion_tokens")), ("optimizer steps", tr.get("steps")),
+                  ("final loss", tr.get("final_loss")), ("train time (s)", tr.get("train_seconds")),
+                  ("device / threads", f"{tr.get('device')} / {tr.get('threads')}")] if tr else []
+    return f"""---
+{front}---
+
+# {params.model_name}
+
+A LoRA adapter that turns `{base_id}` into the **semantic sidecar** of OoO-Spec (out-of-order semantic
+speculation for tool calls, arXiv 2608.00814). At request arrival the sidecar answers, in one batched greedy
+wave, which tool is called (`function_index`) and the compact-JSON value of every argument slot of every tool
+(`argument`, `null` when omitted); the runtime joins them into a hint that the target model verifies. The
+adapter only drafts: the target stays the sole verifier, so outputs equal the target's greedy output.
+
+## Base model
+
+`{base_id}` (loaded as `{recipe['base']}`, weights in {recipe['dtype']}).
+
+## Training data
+
+Slot rows (prompt -> compact JSON answer) expanded from teacher tool calls on deduplicated tool-calling
+dialogues; benchmark test sets were held out before training.
+
+{_table([(k, v) for k, v in train_rows]) if train_rows else "_No training metrics found._"}
+
+{chr(10).join(data_lines) if data_lines else ""}
+
+## Recipe
+
+One epoch, causal cross-entropy on the completion tokens only (trl `SFTTrainer`, `completion_only_loss`),
+then frozen. The exact recipe and params are in `recipe.yaml` and `params.json`:
+
+```yaml
+{yaml.safe_dump(recipe, sort_keys=False).rstrip()}
+```
+
+params (`train_sidecar`): `{json.dumps(train_params, sort_keys=True)}`
+
+## Offline metrics
+
+{eval_section(metrics.get("eval_sidecar"))}
+
+## How to load
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import PeftModel
+
+base = AutoModelForCausalLM.from_pretrained("{base_id}")
+sidecar = PeftModel.from_pretrained(base, "<this repo or folder>").merge_and_unload().eval()
+tok = AutoTokenizer.from_pretrained("<this repo or folder>")
+# prompts: ooospec.runtime.sidecar_prompts.slot_queries(messages, tools); answers: join_slots(...)
+```
+
+## Data licenses
+
+{DATA_LICENSES}
+
+The adapter itself is released under {params.license}.
+"""
+
+
+# ------------------------------------------------------------------------------------------- export
+
+def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str | os.PathLike,
+        metrics_dir: str | os.PathLike = "metrics") -> Path:
+    """Build the Hub folder ``out_dir`` from a train_sidecar output ``model_dir``; return ``out_dir``."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    adapter = model_dir / "adapter"
+    missing = [f for f in ADAPTER_FILES if not (adapter / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{adapter}: missing {missing}; run the train_sidecar stage first")
+    recipe = yaml.safe_load((model_dir / "recipe.yaml").read_text(encoding="utf-8"))
+    train_params = json.loads((model_dir / "params.json").read_text(encoding="utf-8"))
+
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in sorted(adapter.iterdir()):
+        if f.is_file() and f.name != "README.md":  # peft writes a stub card; ours replaces it
+            shutil.copy2(f, tmp / f.name)
+    cfg = json.loads((tmp / "adapter_config.json").read_text(encoding="utf-8"))
+    cfg["base_model_name_or_path"] = recipe.get("base_model_id") or recipe["base"]
+    write_json(tmp / "adapter_config.json", cfg)
+    atomic_write_text(tmp / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
+    write_json(tmp / "params.json", {**train_params, "export_adapter": as_dict(params)})
+    card = model_card(params, recipe, train_params.get("train_sidecar", {}), read_metrics(Path(metrics_dir)))
+    atomic_write_text(tmp / "README.md", card)
+    for f in tmp.iterdir():
+        f.chmod(0o644)  # atomic writes create 0600 files; a Hub folder is meant to be read
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+    return out_dir
+
+
+def push(folder: str | os.PathLike, repo_id: str, private: bool = False, token: str | None = None) -> int:
+    """Upload ``folder`` to the Hub model repo ``repo_id``; 0 on success, else one printed line and 2 / 3.
+
+    The token comes from ``token`` or ``$HF_TOKEN``; it is passed to huggingface_hub and never printed.
+    """
+    token = token or os.environ.get("HF_TOKEN")
+    if not token:
+        print(f"export: HF_TOKEN is not set, nothing pushed; the adapter folder is kept at {folder}",
+              file=sys.stderr)
+        return EXIT_NO_TOKEN
+    from huggingface_hub import HfApi
+
+    try:
+        api = HfApi(token=token)
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                                 commit_message="Upload OoO-Spec sidecar adapter")
+    except Exception as e:  # noqa: BLE001 -- network down, auth refused, bad repo id: one line, the folder stays
+        reason = str(e).splitlines()[0][:200].replace(token, "***") if str(e) else ""
+        print(f"export: push to {repo_id} failed ({type(e).__name__}: {reason}); the adapter folder is kept at "
+              f"{folder}", file=sys.stderr)
+        return EXIT_PUSH_FAILED
+    print(f"export: pushed {folder} to {getattr(info, 'commit_url', repo_id)}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", nargs="?", default="models/sidecar", help="train_sidecar output")
+    parser.add_argument("out_dir", nargs="?", default="export/sidecar-adapter", help="Hub folder to write")
+    parser.add_argument("--metrics-dir", default="metrics", help="where the stage metrics JSON files are")
+    parser.add_argument("--params", default="params.yaml", help="params file (section export_adapter)")
+    parser.add_argument("--push", metavar="REPO_ID", default=None, help="upload to this Hub model repo (HF_TOKEN)")
+    parser.add_argument("--private", action="store_true", help="create the Hub repo as private")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    params = load_section(ExportAdapterParams, "export_adapter", Path(args.params))
+    if (Path(args.model_dir) / "adapter").is_dir():
+        out = run(params, args.model_dir, args.out_dir, args.metrics_dir)
+        print(f"export: wrote {out}")
+    elif not (args.push and (Path(args.out_dir) / "adapter_config.json").is_file()):
+        print(f"export: no trained adapter in {args.model_dir}/adapter; run `dvc repro train_sidecar` first",
+              file=sys.stderr)
+        return 1
+    return push(args.out_dir, args.push, args.private) if args.push else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ooospec.pipelines.export_adapter",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""DVC stage ``normalize``: parse teacher traces into compact, schema-valid calls.
+
+    python -m ooospec.pipelines.normalize data/dedupe/train.jsonl data/teacher/traces.jsonl \
+        data/normalize/calls.jsonl data/normalize/rejects.jsonl --metrics metrics/normalize.json
+
+Each trace is parsed in the format the teacher wrote it in (``trace["format"]``, ``formats.parse_any`` when
+absent). The output record is the training record with ``calls`` replaced by the teacher's calls as plain
+``{"name", "arguments"}`` objects (no template tokens, no call ids; written as canonical JSON), plus
+``meta.teacher = {"backend", "model", "format", "args_match_gold"}``.
+
+A trace is kept whole or rejected whole (the k-th call of a parallel answer depends on calls 0..k-1), and the
+first failing check names the reason:
+
+=======================  ===================================================================
+``unparseable``          no call could be parsed from the text
+``unknown_tool``         a call names a function that is not in the record's tools
+``schema_violation``     a call's arguments do not validate against that tool's JSON Schema, or use a key
+                         the schema's ``properties`` do not declare (a slot the sidecar cannot have;
+                         ``allow_undeclared_arguments`` keeps them)
+``disagrees_with_gold``  the multiset of function names differs from the gold calls' names
+=======================  ===================================================================
+
+Argument values that differ from the gold are kept: the sidecar learns the teacher's values (``args_match_gold``
+counts how often they agree). Also writes ``metrics/normalize.json`` and ``data_cards/normalize.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+from jsonschema import Draft202012Validator
+from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.records import (
+    atomic_write_text,
+    canonical_calls,
+    read_jsonl,
+    tool_by_name,
+    write_json,
+    write_jsonl,
+)
+from ooospec.runtime import formats
+from tqdm import tqdm
+
+UNPARSEABLE = "unparseable"
+UNKNOWN_TOOL = "unknown_tool"
+SCHEMA_VIOLATION = "schema_violation"
+DISAGREES_WITH_GOLD = "disagrees_with_gold"
+REASONS = (UNPARSEABLE, UNKNOWN_TOOL, SCHEMA_VIOLATION, DISAGREES_WITH_GOLD)
+
+
+@dataclass(frozen=True)
+class NormalizeParams:
+    require_gold_agreement: bool = True   # reject traces whose function names differ from the gold's
+    allow_undeclared_arguments: bool = False  # keep argument keys that the schema's properties do not declare
+    max_reject_text_chars: int = 2000     # raw text kept per reject row
+
+
+class Rejected(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def parse_trace(trace: dict) -> list[dict]:
+    """The calls in a trace's text, parsed in its format (``{"name", "arguments"}`` each)."""
+    fmt = trace.get("format")
+    calls = formats.get_format(fmt).parse_calls(trace["text"]) if fmt else formats.parse_any(trace["text"])
+    return [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+
+
+def check_calls(record: dict, calls: list[dict], params: NormalizeParams) -> None:
+    """Raise :class:`Rejected` with the first failing reason (order of :data:`REASONS`)."""
+    if not calls:
+        raise Rejected(UNPARSEABLE, "no call found in the teacher text")
+    tools = tool_by_name(record)
+    for c in calls:
+        if c["name"] not in tools:
+            raise Rejected(UNKNOWN_TOOL, f"call {c['name']!r} not in tools {sorted(tools)[:8]}")
+    for c in calls:
+        err = jsonschema.exceptions.best_match(
+            Draft202012Validator(tools[c["name"]]["parameters"]).iter_errors(c["arguments"]))
+        if err is not None:
+            path = "/".join(str(p) for p in err.absolute_path) or "<root>"
+            raise Rejected(SCHEMA_VIOLATION, f"call {c['name']!r} at {path}: {err.message[:200]}")
+        declared = tools[c["name"]]["parameters"].get("properties", {})
+        extra = sorted(set(c["arguments"]) - set(declared))
+        if extra and not params.allow_undeclared_arguments:
+            raise Rejected(SCHEMA_VIOLATION, f"call {c['name']!r}: undeclared argument(s) {extra[:5]} "
+                                             f"(declared: {sorted(declared)[:8]})")
+    if params.require_gold_agreement:
+        got, want = Counter(c["name"] for c in calls), Counter(c["name"] for c in record["calls"])
+        if got != want:
+            raise Rejected(DISAGREES_WITH_GOLD, f"teacher called {sorted(got.elements())}, "
+                                                f"gold {sorted(want.elements())}")
+
+
+def normalize_one(record: dict, trace: dict, params: NormalizeParams) -> dict:
+    """The record with the teacher's calls; raises :class:`Rejected`."""
+    calls = parse_trace(trace)
+    check_calls(record, calls, params)
+    meta = dict(record.get("meta") or {})
+    meta["teacher"] = {"backend": trace["backend"], "model": trace["model"], "format": trace.get("format"),
+                       "args_match_gold": canonical_calls(calls) == canonical_calls(record["calls"])}
+    return {**record, "calls": calls, "meta": meta}
+
+
+def normalize(params: NormalizeParams, records: dict[str, dict], traces: list[dict]
+              ) -> tuple[list[dict], list[dict], dict]:
+    """(kept records, reject rows, stats), both lists sorted by id."""
+    kept, rejects = [], []
+    by_source: dict[str, Counter] = {}
+    for trace in tqdm(sorted(traces, key=lambda t: t["id"]), desc="normalize", unit="trace", leave=False):
+        record = records.get(trace["id"])
+        if record is None:
+            raise ValueError(f"trace {trace['id']!r} has no training record; were the traces made from "
+                             f"another records file?")
+        counts = by_source.setdefault(record["source"], Counter())
+        try:
+            kept.append(normalize_one(record, trace, params))
+            counts["kept"] += 1
+        except Rejected as r:
+            rejects.append({"id": trace["id"], "reason": r.reason, "detail": r.detail,
+                            "text": trace["text"][:params.max_reject_text_chars]})
+            counts[r.reason] += 1
+    reasons = Counter(r["reason"] for r in rejects)
+    stats = {
+        "num_traces": len(traces), "num_kept": len(kept), "num_rejected": len(rejects),
+        "num_calls_kept": sum(len(r["calls"]) for r in kept),
+        "num_args_match_gold": sum(r["meta"]["teacher"]["args_match_gold"] for r in kept),
+        "kept_fraction": round(len(kept) / len(traces), 4) if traces else None,
+        "rejects_by_reason": {k: reasons.get(k, 0) for k in REASONS},
+        "by_source": {s: {k: c.get(k, 0) for k in ("kept", *REASONS)} for s, c in sorted(by_source.items())},
+    }
+    return kept, rejects, stats
+
+
+def normalize_card(stats: dict, path: Path) -> None:
+    """``data_cards/normalize.md`` from the stats (the numbers are the metrics file's numbers)."""
+    rows = "\n".join(f"| {s} | " + " | ".join(str(c[k]) for k in ("kept", *REASONS)) + " |"
+                     for s, c in stats["by_source"].items())
+    reasons = "\n".join(f"| `{k}` | {v} |" for k, v in stats["rejects_by_reason"].items())
+    backends = ", ".join(stats["teacher_backends"]) or "none"
+    agreement = ", and the teacher called the same functions as the gold" \
+        if stats["params"]["require_gold_agreement"] else ""
+    text = f"""<!-- generated by `dvc repro normalize` from metrics/normalize.json; do not edit by hand -->
+# Dataset card: `data/normalize/calls.jsonl`
+
+Training records whose gold calls are replaced by the teacher's calls (teacher backend: {backends}),
+parsed from the teacher's raw text and normalized to compact `{{"name", "arguments"}}` JSON: no
+chat-template tokens, no call ids. Every kept call names a listed tool and validates against its JSON
+Schema{agreement}.
+Rejected traces are in `data/normalize/rejects.jsonl` with their reason and raw text.
+
+**{stats['num_kept']}** of {stats['num_traces']} traces kept ({stats['num_calls_kept']} calls);
+{stats['num_args_match_gold']} kept records have exactly the gold arguments (normalized comparison).
+
+## Rejects by reason
+
+| reason | traces |
+|---|---:|
+{reasons}
+
+## Per source
+
+| source | kept | {" | ".join(REASONS)} |
+|---|---:|{"---:|" * len(REASONS)}
+{rows}
+"""
+    atomic_write_text(path, text)
+
+
+def run(params: NormalizeParams, records_path: Path, traces_path: Path, out_path: Path, rejects_path: Path, *,
+        metrics_path: Path | None = Path("metrics/normalize.json"),
+        card_path: Path | None = Path("data_cards/normalize.md")) -> dict:
+    records = {r["id"]: r for r in read_jsonl(records_path)}
+    traces = list(read_jsonl(traces_path))
+    kept, rejects, stats = normalize(params, records, traces)
+    write_jsonl(out_path, kept)
+    write_jsonl(rejects_path, rejects)
+    stats["teacher_backends"] = sorted({t["backend"] for t in traces})
+    stats["params"] = as_dict(params)
+    if metrics_path is not None:
+        write_json(metrics_path, stats)
+    if card_path is not None:
+        normalize_card(stats, Path(card_path))
+    print(f"normalize: kept {stats['num_kept']}/{stats['num_traces']}; rejects {stats['rejects_by_reason']}",
+          file=sys.stderr)
+    return stats
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("records", type=Path, help="training records the traces were made from")
+    p.add_argument("traces", type=Path, help="teacher traces.jsonl")
+    p.add_argument("out", type=Path, help="output calls.jsonl (records with the teacher's calls)")
+    p.add_argument("rejects", type=Path, help="output rejects.jsonl")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--metrics", type=Path, default=Path("metrics/normalize.json"))
+    p.add_argument("--card", type=Path, default=Path("data_cards/normalize.md"))
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    run(load_section(NormalizeParams, "normalize", args.params), args.records, args.traces, args.out,
+        args.rejects, metrics_path=args.metrics, card_path=args.card)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.normalize", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_cli(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Greedy-exact tree speculative decoding, batch 1: propose -> build tree -> one forward -> accept -> commit.
+
+Whatever the drafters propose, the output equals plain greedy decoding of the target token for token
+(``tests/runtime/test_engine_exact.py`` checks this against HF ``generate(do_sample=False)``); drafters only
+change how many tokens each target forward commits.
+
+Public API (what ``eval/bench.py`` uses)::
+
+    from ooospec.runtime.methods import make_engine, METHODS
+    engine = METHODS["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)
+    result = engine.generate(input_ids, max_new_tokens=256, stop=None)    # input_ids: list[int] (rendered prompt)
+    result.tokens        # list[int] generated tokens (EOS included when it stopped on EOS)
+    result.n_forwards    # verification forwards (the prefill is not counted)
+    result.steps         # [StepStats(tree_size, accepted, new_tokens, t_draft, t_forward, tie_stop)]
+    result.prefill_s, result.decode_s, result.stop_reason   # "eos" | "stop" | "max_new_tokens"
+
+``stop(generated_tokens) -> bool`` is called after every committed token (e.g. "the tool call is closed");
+generation ends right after the first token for which it returns True, exactly where plain decoding would end.
+
+The loop state: ``tokens`` = prompt + committed output; the KV cache (:class:`~ooospec.runtime.kv_cache.KVCache`)
+holds all of them but the last, which is the root of the next tree. A step with a near-tie stop (see
+:mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token decoding.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ooospec.runtime.drafting import DraftContext, Drafter
+from ooospec.runtime.kv_cache import KVCache
+from ooospec.runtime.tree import build_tree
+from ooospec.runtime.verify import accept_greedy, default_tie_margin
+from transformers import PreTrainedModel
+
+StopReason = Literal["eos", "stop", "max_new_tokens"]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One verification step."""
+
+    tree_size: int      # nodes in the verified tree incl. the root (= the forward's query length)
+    accepted: int       # draft tokens accepted (bonus excluded)
+    new_tokens: int     # tokens this step committed to the output (accepted + bonus, cut at a stop)
+    t_draft: float      # seconds in the drafters
+    t_forward: float    # seconds in the target forward + acceptance (acceptance reads logits, which syncs)
+    tie_stop: bool      # acceptance stopped at a near-tie; the next step is a one-token forward
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]                   # generated tokens
+    n_forwards: int                     # verification forwards (= len(steps)); prefill excluded
+    steps: list[StepStats]
+    prefill_s: float
+    decode_s: float
+    stop_reason: StopReason
+    margins: list[float] | None = None  # [len(tokens)] top-2 margin behind each token
+
+
+def merge_candidates(per_drafter: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
+    """Union of several drafters' candidates: round-robin by rank, exact duplicates and empties dropped.
+
+    ``[[a1, a2], [b1]] -> [a1, b1, a2]``: every drafter's best guess gets into the node budget before anyone's
+    second guess. Shared prefixes are merged later by :func:`~ooospec.runtime.tree.build_tree`.
+    """
+    merged: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for rank in range(max((len(c) for c in per_drafter), default=0)):
+        for cands in per_drafter:
+            if rank < len(cands):
+                key = tuple(cands[rank])
+                if key and key not in seen:
+                    seen.add(key)
+                    merged.append(list(key))
+    return merged
+
+
+class SpecEngine:
+    """Greedy tree speculative decoding over one target model (see the module docstring).
+
+    Args:
+        model: a causal LM loaded with ``attn_implementation`` "sdpa" or "eager", in eval mode.
+        drafters: objects following :class:`~ooospec.runtime.drafting.Drafter`; none = plain greedy decoding
+            (one token per forward, through the same cache code).
+        max_draft_nodes: node budget of a tree, root excluded.
+        max_depth: longest candidate kept.
+        tie_margin: stop acceptance before a choice whose top-2 logit margin is below this; that token then
+            comes from a one-token forward. ``0`` = off. ``None`` (default) = ``default_tie_margin(model.dtype)``:
+            off in fp32/fp64, on in bf16/fp16.
+        eos_token_ids: generation ends after any of these.
+        record_margins: keep the top-2 margin behind every generated token (``GenerationResult.margins``).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        drafters: Sequence[Drafter] = (),
+        *,
+        max_draft_nodes: int = 32,
+        max_depth: int = 16,
+        tie_margin: float | None = None,
+        eos_token_ids: Sequence[int] = (),
+        record_margins: bool = False,
+    ):
+        if max_draft_nodes < 0 or max_depth < 1:
+            raise ValueError(f"need max_draft_nodes >= 0 and max_depth >= 1, got {max_draft_nodes}, {max_depth}")
+        self.model = model
+        self.drafters = list(drafters)
+        self.max_draft_nodes = max_draft_nodes
+        self.max_depth = max_depth
+        self.tie_margin = default_tie_margin(model.dtype) if tie_margin is None else tie_margin
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.record_margins = record_margins
+        self.vocab_size = model.config.get_text_config().vocab_size
+        self.kv = KVCache(model)
+        self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
+
+    def propose(self, ctx: DraftContext) -> list[list[int]]:
+        """All drafters' candidates, merged (see :func:`merge_candidates`).
+
+        A drafter can only change speed, never the output, and it cannot stop generation either: a drafter that
+        raises, or proposes token ids outside the vocabulary, loses that step's candidates (counted in
+        ``drafter_faults``, warned once per drafter) and the step goes on with the others.
+        """
+        per_drafter = []
+        for drafter in self.drafters:
+            name = getattr(drafter, "name", type(drafter).__name__)
+            try:
+                cands = [list(c) for c in drafter.propose(ctx)]
+            except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
+                self._fault(name, f"raised {type(e).__name__}: {e}")
+                continue
+            valid = [c for c in cands if all(0 <= t < self.vocab_size for t in c)]
+            if len(valid) < len(cands):
+                bad = next(c for c in cands if c not in valid)
+                self._fault(name, f"proposed token ids outside [0, {self.vocab_size}) at step {ctx.step}: {bad[:20]}")
+            per_drafter.append(valid)
+        return merge_candidates(per_drafter)
+
+    def _fault(self, name: str, what: str) -> None:
+        if name not in self.drafter_faults:
+            warnings.warn(f"drafter {name!r} {what}; its drafts are ignored (output unaffected)", stacklevel=3)
+        self.drafter_faults[name] = self.drafter_faults.get(name, 0) + 1
+
+    def _stop_reason(self, generated: list[int], max_new_tokens: int, stop) -> StopReason | None:
+        if generated[-1] in self.eos_token_ids:
+            return "eos"
+        if stop is not None and stop(generated):
+            return "stop"
+        if len(generated) >= max_new_tokens:
+            return "max_new_tokens"
+        return None
+
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        max_new_tokens: int,
+        stop: Callable[[Sequence[int]], bool] | None = None,
+    ) -> GenerationResult:
+        """Greedy-decode up to ``max_new_tokens`` tokens after ``input_ids`` (a non-empty list of token ids)."""
+        prompt = [int(t) for t in input_ids]
+        if not prompt:
+            raise ValueError("input_ids is empty; the engine needs at least one prompt token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+        t_start = time.perf_counter()
+        self.kv.reset()
+        self.kv.prefill(prompt[:-1])
+        t_prefilled = time.perf_counter()
+
+        tokens, generated = list(prompt), []
+        margins: list[float] | None = [] if self.record_margins else None
+        steps: list[StepStats] = []
+        one_token_next, reason = False, None
+        while reason is None:
+            t0 = time.perf_counter()
+            cands = []
+            if self.drafters and not one_token_next:
+                cands = self.propose(DraftContext(tuple(tokens), len(prompt), len(steps)))
+            tree = build_tree(tokens[-1], cands, self.max_draft_nodes, self.max_depth)
+            t1 = time.perf_counter()
+            logits = self.kv.forward_tree(tree)
+            acc = accept_greedy(tree, logits, self.tie_margin, with_margins=self.record_margins)
+            t2 = time.perf_counter()
+            self.kv.commit(acc.kept_nodes)
+            one_token_next = acc.bonus is None
+
+            num_new = 0
+            for i, tok in enumerate(acc.new_tokens):
+                tokens.append(tok)
+                generated.append(tok)
+                if margins is not None:
+                    margins.append(acc.margins[i])
+                num_new += 1
+                reason = self._stop_reason(generated, max_new_tokens, stop)
+                if reason is not None:
+                    break
+            steps.append(StepStats(tree.num_nodes, len(acc.accepted_tokens), num_new, t1 - t0, t2 - t1,
+                                   one_token_next))
+        t_end = time.perf_counter()
+
+        for drafter in self.drafters:
+            observe = getattr(drafter, "observe", None)
+            if observe is not None:
+                try:
+                    observe(prompt, generated)
+                except Exception as e:  # noqa: BLE001
+                    self._fault(getattr(drafter, "name", type(drafter).__name__), f"observe raised {e!r}")
+        return GenerationResult(
+            tokens=generated,
+            n_forwards=len(steps),
+            steps=steps,
+            prefill_s=t_prefilled - t_start,
+            decode_s=t_end - t_prefilled,
+            stop_reason=reason,
+            margins=margins,
+        )

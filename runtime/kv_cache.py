@@ -1,0 +1,174 @@
+"""The single owner of the target's KV cache: prefill, tree forwards, and compaction to the accepted path.
+
+Works on stock transformers 5.x causal LMs (no forked modeling code). Every forward passes
+``input_ids``, explicit ``position_ids``, a **float additive 4D mask** ``[1, 1, q, kv]`` (0 / -inf) and
+``cache=`` (transformers 5.24 renamed ``past_key_values=``; the old name is deprecated); the one exception is a
+root-only forward (one-token decoding) or a prefill from an empty cache: where the mask would be plain causal
+attention they pass none, so they run the same sdpa kernels as HF decoding and prefill. Models whose config has
+``layer_types`` (Qwen2/3, Gemma 3, ...) get a dict ``{layer_type: mask}``, which their forward uses as-is; a
+``"sliding_attention"`` entry honours ``config.sliding_window``. Other models (Llama, Mistral) get one tensor,
+windowed by ``config.sliding_window`` when they have one. That dispatch is :func:`attention_windows`, the
+only model-family knowledge in the runtime.
+
+The model must use ``attn_implementation="sdpa"`` (recommended on CPU) or ``"eager"``: flash-attention ignores
+custom 4D masks. Load it like::
+
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+
+Cache layout and invariant
+--------------------------
+The cache is a plain ``DynamicCache()`` (no config), so every layer is a ``DynamicLayer`` holding keys/values
+``[1, kv_heads, length, head_dim]`` for *all* past positions, sliding layers included; the sliding window is
+enforced by the mask, which keeps compaction a plain index operation on every layer.
+Between steps the cache holds exactly the committed tokens except the last one (the next tree root), so
+``length == len(committed) - 1``.
+
+One step::
+
+    kv = KVCache(model)
+    kv.prefill(prompt[:-1])                  # length = P - 1
+    logits = kv.forward_tree(tree)           # [N, vocab]; cache now has length + N entries (pending)
+    kv.commit(accepted.kept_nodes)           # keep the accepted root path, drop the rest: O(layers) ops
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from ooospec.runtime.tree import DraftTree, causal_mask, tree_mask, tree_positions
+from transformers import PreTrainedModel
+from transformers.cache_utils import DynamicCache
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def attention_windows(config) -> dict[str | None, int | None]:
+    """Which masks a model's forward wants, as ``{layer_type: sliding_window or None}``.
+
+    The key ``None`` means "one tensor for every layer". Examples: Llama -> ``{None: None}``; Mistral v0.1 ->
+    ``{None: 4096}``; Qwen2 (no sliding) -> ``{"full_attention": None}``; Gemma 3 ->
+    ``{"full_attention": None, "sliding_attention": config.sliding_window}``.
+    """
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return {None: getattr(config, "sliding_window", None)}
+    windows: dict[str | None, int | None] = {}
+    for layer_type in sorted(set(layer_types)):
+        if layer_type == "full_attention":
+            windows[layer_type] = None
+        elif layer_type == "sliding_attention":
+            windows[layer_type] = config.sliding_window
+        else:
+            raise ValueError(
+                f"{type(config).__name__}: layer type {layer_type!r} is not supported by the tree verifier "
+                "(supported: full_attention, sliding_attention)"
+            )
+    return windows
+
+
+class KVCache:
+    """KV cache of one sequence (batch 1) for tree verification. See the module docstring."""
+
+    def __init__(self, model: PreTrainedModel):
+        impl = model.config._attn_implementation
+        if impl not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"attn_implementation={impl!r} ignores custom 4D masks; load the model with "
+                f"attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        self.model = model
+        self.windows = attention_windows(model.config.get_text_config())
+        self.cache = DynamicCache()
+        self.length = 0      # committed entries
+        self.pending = 0     # entries appended by the last forward_tree, awaiting commit()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+        self.length = self.pending = 0
+
+    def _masks(self, build: Callable[[int | None], torch.Tensor | None]):
+        if None in self.windows:
+            return build(self.windows[None])
+        by_window = {w: build(w) for w in set(self.windows.values())}
+        return {layer_type: by_window[w] for layer_type, w in self.windows.items()}
+
+    @torch.inference_mode()
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, logits_to_keep: int):
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=masks,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits[0]
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Append a chain of committed tokens (normally ``prompt[:-1]``); computes no logits worth keeping."""
+        if self.pending:
+            raise RuntimeError("prefill() called with an uncommitted tree forward; call commit() first")
+        if not tokens:
+            return
+        q, dtype, dev, length = len(tokens), self.model.dtype, self.device, self.length
+
+        def build(window: int | None) -> torch.Tensor | None:
+            if length == 0 and (window is None or q <= window):
+                return None   # plain causal attention from scratch: sdpa's is_causal kernel, as in HF prefill
+            return causal_mask(q, length, dtype, dev, window)
+
+        masks = self._masks(build)
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
+        pos = torch.arange(self.length, self.length + q, device=dev).unsqueeze(0)
+        self._forward(ids, pos, masks, logits_to_keep=1)   # skip the lm_head on all but one row
+        self.length += q
+
+    def forward_tree(self, tree: DraftTree) -> torch.Tensor:
+        """Run the target over every tree node on top of the cache. Returns logits ``[N, vocab]``.
+
+        The N new entries stay in the cache as pending until :meth:`commit`.
+        """
+        if self.pending:
+            raise RuntimeError("forward_tree() called twice without commit()")
+        dtype, dev, length = self.model.dtype, self.device, self.length
+
+        def build(window: int | None) -> torch.Tensor | None:
+            if tree.num_nodes == 1 and (window is None or length < window):
+                # A lone root sees the whole cache: no mask, so sdpa takes the same unmasked (native-GQA) kernel
+                # as HF one-token decoding instead of repeating the KV heads to apply an all-zero mask.
+                return None
+            return tree_mask(tree, length, dtype, dev, window)
+
+        masks = self._masks(build)
+        ids = torch.tensor([tree.tokens], dtype=torch.long, device=dev)
+        logits = self._forward(ids, tree_positions(tree, self.length, dev), masks, logits_to_keep=0)
+        self.pending = tree.num_nodes
+        return logits
+
+    @torch.inference_mode()  # the cache tensors are inference tensors; in-place writes need the same mode
+    def commit(self, kept_nodes: Sequence[int]) -> None:
+        """Keep the pending entries of ``kept_nodes`` (a root path, in order) and drop the other pending ones.
+
+        Per layer: one ``index_select`` of the kept rows written to ``[length, length + len(kept))`` and a slice;
+        a chain prefix ``[0, 1, .., k-1]`` (AR, or a linear draft) needs only the slice.
+        """
+        n_keep = len(kept_nodes)
+        if n_keep > self.pending:
+            raise ValueError(f"cannot keep {n_keep} nodes from a forward of {self.pending}")
+        start, end = self.length, self.length + n_keep
+        needs_gather = list(kept_nodes) != list(range(n_keep))
+        idx = torch.tensor(kept_nodes, dtype=torch.long, device=self.device) + start if needs_gather else None
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                continue
+            if needs_gather:
+                layer.keys[:, :, start:end] = layer.keys.index_select(2, idx)
+                layer.values[:, :, start:end] = layer.values.index_select(2, idx)
+            layer.keys = layer.keys[:, :, :end]
+            layer.values = layer.values[:, :, :end]
+        self.length, self.pending = end, 0

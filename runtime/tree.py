@@ -1,0 +1,191 @@
+"""Draft token trees: merge candidate continuations, then build the tree attention mask and position ids.
+
+Pure functions; nothing here touches a model or a cache.
+
+Conventions
+-----------
+* Node 0 is the **root**: the last committed token. It is not in the KV cache yet; the verification forward
+  feeds it together with the draft nodes, so the root's logits predict the first new token.
+* Nodes are stored in insertion order, so ``parents[i] < i`` for every ``i > 0`` (a topological order).
+* ``depths[i]`` is the distance from the root; node ``i`` sits at sequence position ``cache_len + depths[i]``.
+* The node budget ``max_nodes`` counts **draft** nodes (the root is free): a tree has at most ``1 + max_nodes``
+  nodes, i.e. the verification forward has ``q_len <= 1 + max_nodes``.
+
+Worked example (``root = 9``, candidates ``[[7, 3, 3], [7, 4], [5]]``, ``max_nodes = 4``)::
+
+    node  token  parent  depth
+      0     9      -1      0        root(9) ─┬─ 7 ─┬─ 3 ─ 3
+      1     7       0      1                 │     └─ 4
+      2     3       1      2                 └─ (5 dropped: budget of 4 draft nodes used up)
+      3     3       2      3
+      4     4       1      2
+
+With a cache of ``L = 2`` entries, ``tree_positions`` is ``[[2, 3, 4, 5, 4]]`` and ``tree_mask`` is the additive
+``[1, 1, 5, 2 + 5]`` mask whose visible pattern (1 = attend, 0 = ``-inf``) is::
+
+             cache | tree nodes 0..4
+    node 0:  1 1   | 1 0 0 0 0
+    node 1:  1 1   | 1 1 0 0 0
+    node 2:  1 1   | 1 1 1 0 0
+    node 3:  1 1   | 1 1 1 1 0
+    node 4:  1 1   | 1 1 0 0 1
+
+A sliding-window layer of window ``W`` additionally hides every key whose position is ``>= W`` before the
+query's position (``pos_q - pos_k >= W``), matching ``transformers.masking_utils.sliding_window_overlay``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A token tree rooted at the last committed token. All sequences have length ``num_nodes``."""
+
+    tokens: tuple[int, ...]                 # [N] token id of each node; tokens[0] = root
+    parents: tuple[int, ...]                # [N] parent index; parents[0] = -1, parents[i] < i
+    depths: tuple[int, ...]                 # [N] distance from the root; depths[0] = 0
+    children: tuple[dict[int, int], ...]    # [N] token id -> child node index
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive, e.g. ``path_to(3) == [0, 1, 2, 3]`` above."""
+        path = [node]
+        while self.parents[path[-1]] >= 0:
+            path.append(self.parents[path[-1]])
+        return path[::-1]
+
+
+def build_tree(
+    root: int,
+    candidates: Sequence[Sequence[int]],
+    max_nodes: int,
+    max_depth: int | None = None,
+) -> DraftTree:
+    """Merge candidate continuations of ``root`` into a prefix tree under a node budget.
+
+    Candidates are inserted in order (most likely first); shared prefixes become shared nodes, duplicates cost
+    nothing. When the budget runs out mid-candidate, the candidate's prefix that fits is kept.
+
+    Args:
+        root: the last committed token (node 0).
+        candidates: token-id continuations of ``root``; empty ones are ignored.
+        max_nodes: the most draft nodes (excluding the root), ``>= 0``.
+        max_depth: the longest continuation kept; ``None`` = no limit besides ``max_nodes``.
+
+    Returns:
+        The :class:`DraftTree` (see the module docstring for a worked example).
+    """
+    if max_nodes < 0:
+        raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+    tokens, parents, depths = [int(root)], [-1], [0]
+    children: list[dict[int, int]] = [{}]
+    budget = max_nodes
+    for cand in candidates:
+        node = 0
+        for tok in list(cand)[:max_depth]:
+            tok = int(tok)
+            child = children[node].get(tok)
+            if child is None:
+                if budget == 0:
+                    break
+                budget -= 1
+                child = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+                children.append({})
+                children[node][tok] = child
+            node = child
+        if budget == 0:  # later candidates could only reuse existing nodes, which adds nothing
+            break
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(children))
+
+
+def chain_tree(tokens: Sequence[int]) -> DraftTree:
+    """A linear tree ``tokens[0] -> tokens[1] -> ...`` (what an oracle or a single candidate gives)."""
+    if not tokens:
+        raise ValueError("chain_tree needs at least the root token")
+    return build_tree(tokens[0], [tokens[1:]], max_nodes=len(tokens) - 1)
+
+
+def tree_positions(tree: DraftTree, cache_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Position ids ``[1, N]``: ``cache_len + depths``."""
+    return (torch.tensor(tree.depths, dtype=torch.long, device=device) + cache_len).unsqueeze(0)
+
+
+def ancestor_matrix(tree: DraftTree, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``anc[i, j]`` is True iff node ``j`` is node ``i`` or one of its ancestors. Bool ``[N, N]``.
+
+    Pointer jumping: ``max_depth + 1`` vectorised steps, no per-node Python loop.
+    """
+    n = tree.num_nodes
+    parents = torch.tensor(tree.parents, dtype=torch.long, device=device).clamp_min(0)  # root points to itself
+    anc = torch.zeros(n, n, dtype=torch.bool, device=device)
+    rows = torch.arange(n, device=device)
+    cur = rows.clone()
+    for _ in range(tree.max_depth + 1):
+        anc[rows, cur] = True
+        cur = parents[cur]
+    return anc
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool visibility ``[q, kv]`` -> float additive mask ``[1, 1, q, kv]`` (0 where visible, -inf elsewhere)."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, float("-inf"))[None, None]
+
+
+def tree_mask(
+    tree: DraftTree,
+    cache_len: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Float additive attention mask ``[1, 1, N, cache_len + N]`` for verifying ``tree`` on top of a cache.
+
+    Every node sees the whole cache and its own root path (see the module docstring for a literal example).
+    With ``sliding_window = W`` a key is also hidden when ``pos_q - pos_k >= W``.
+
+    A float mask is required: transformers' eager attention adds the mask to the scores, so a bool mask
+    would be silently wrong there.
+    """
+    depths = torch.tensor(tree.depths, dtype=torch.long, device=device)
+    visible_tree = ancestor_matrix(tree, device)
+    visible_cache = torch.ones(tree.num_nodes, cache_len, dtype=torch.bool, device=device)
+    if sliding_window is not None:
+        q_pos = (depths + cache_len)[:, None]
+        visible_cache &= q_pos - torch.arange(cache_len, device=device)[None, :] < sliding_window
+        visible_tree &= depths[:, None] - depths[None, :] < sliding_window
+    return _additive(torch.cat([visible_cache, visible_tree], dim=1), dtype)
+
+
+def causal_mask(
+    num_new: int,
+    cache_len: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The mask of a linear chain of ``num_new`` tokens on a cache of ``cache_len``: ``[1, 1, q, cache_len + q]``.
+
+    Equal to ``tree_mask(chain_tree(...), ...)`` but O(1) torch ops, for long prefills.
+    """
+    q_pos = torch.arange(num_new, device=device)[:, None] + cache_len
+    k_pos = torch.arange(cache_len + num_new, device=device)[None, :]
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= q_pos - k_pos < sliding_window
+    return _additive(visible, dtype)

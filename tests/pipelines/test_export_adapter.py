@@ -1,0 +1,119 @@
+"""export_adapter: the Hub folder reloads with PeftModel.from_pretrained and gives the trained model's logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from ooospec.pipelines import export_adapter as ex
+from ooospec.pipelines import train_sidecar as ts
+from ooospec.pipelines.params import as_dict
+from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny sidecar trained 3 steps, saved the way train_sidecar.run saves it; plus its logits on a probe."""
+    tmp = tmp_path_factory.mktemp("export")
+    base = save_tiny_base(tmp / "base")
+    recipe = ts.recipe_from_dict(tiny_recipe_dict(base, max_steps=3, save_steps=100))
+    rows = ts.read_slot_rows(FIXTURE)
+    trainer = ts.build_trainer(tiny_llama(), byte_tokenizer(), rows, recipe, tmp / "ckpt", seed=0)
+    trainer.train()
+    model_dir = tmp / "sidecar"
+    ts.save_adapter(trainer, byte_tokenizer(), model_dir / "adapter")
+    (model_dir / "recipe.yaml").write_text(ts.recipe_to_yaml(recipe))
+    (model_dir / "params.json").write_text(json.dumps({"train_sidecar": as_dict(ts.TrainSidecarParams())}))
+    metrics = tmp / "metrics"
+    metrics.mkdir()
+    (metrics / "train_sidecar.json").write_text(json.dumps(
+        {"rows": {"trained": 17, "available": 17, "dropped_too_long": 0, "by_form": {"argument": 11}},
+         "steps": 3, "final_loss": 4.2, "train_seconds": 1.5, "device": "cpu", "threads": 1}))
+    (metrics / "eval_sidecar.json").write_text(json.dumps(
+        {"rows": 17, "requests": 3, "function_index": {"accuracy": 0.5}, "argument": {"exact_match": 0.25,
+         "exact_match_non_null": 0.125}, "direct_call": {"exact_match": 0.0},
+         "null": {"precision": 0.75, "recall": 1.0}, "latency": {"threads": 1, "median_ms": 12.5,
+         "median_wave_rows": 4}, "anchor": {"function_index_accuracy": 0.963, "argument_exact_match": 0.861}}))
+    probe = torch.tensor([list(rows[1]["prompt"].encode())[:64]])
+    model = trainer.model.to("cpu").eval()  # the trainer may have moved it to a GPU; compare on CPU
+    with torch.no_grad():
+        logits = model(input_ids=probe).logits
+    out = ex.run(ex.ExportAdapterParams(), model_dir, tmp / "export" / "sidecar-adapter", metrics)
+    return {"out": out, "base": base, "probe": probe, "logits": logits, "recipe": recipe}
+
+
+def test_export_reloads_and_reproduces_the_trained_logits(trained):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(trained["base"])
+    model = PeftModel.from_pretrained(base, trained["out"]).eval()
+    with torch.no_grad():
+        logits = model(input_ids=trained["probe"]).logits
+    assert torch.equal(logits, trained["logits"])
+    # and the adapter is not the identity: the bare base gives different logits
+    with torch.no_grad():
+        bare = AutoModelForCausalLM.from_pretrained(trained["base"])(input_ids=trained["probe"]).logits
+    assert not torch.allclose(bare, logits)
+    assert AutoTokenizer.from_pretrained(trained["out"]).eos_token == "</s>"
+
+
+def test_folder_is_a_hub_model_repo(trained):
+    out = trained["out"]
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "README.md",
+                 "recipe.yaml", "params.json"):
+        assert (out / name).is_file(), name
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == "tiny/llama-test" and cfg["r"] == 4
+    assert ts.recipe_from_dict(yaml.safe_load((out / "recipe.yaml").read_text())) == trained["recipe"]
+    params = json.loads((out / "params.json").read_text())
+    assert set(params) == {"train_sidecar", "export_adapter"}
+
+
+def test_model_card_front_matter_and_sections(trained):
+    text = (trained["out"] / "README.md").read_text()
+    assert text.startswith("---\n")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "tiny/llama-test" and front["library_name"] == "peft"
+    assert front["license"] == "apache-2.0" and "lora" in front["tags"]
+    for needle in ("PeftModel.from_pretrained", "CC-BY-4.0", "xLAM", "Apache-2.0", "| rows trained | 17 |",
+                   "| function-index accuracy | 50.0% | 96.3% |", "| argument exact match | 25.0% | 86.1% |",
+                   "12.5 ms", "lora_r: 4"):
+        assert needle in text, needle
+
+
+def test_push_without_token_keeps_folder_and_says_so(trained, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert ex.push(trained["out"], "someone/sidecar") == ex.EXIT_NO_TOKEN
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HF_TOKEN is not set" in err
+    assert (trained["out"] / "adapter_model.safetensors").is_file()
+
+
+def test_push_failure_is_one_line_and_never_shows_the_token(trained, monkeypatch, capsys):
+    import huggingface_hub
+
+    secret = "hf_" + "s3cr3t" * 6
+
+    class Boom:
+        def __init__(self, token):
+            assert token == secret
+
+        def create_repo(self, *a, **k):
+            raise ConnectionError(f"cannot reach the hub with token {secret}\nmore lines")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Boom)
+    monkeypatch.setenv("HF_TOKEN", secret)
+    assert ex.push(trained["out"], "someone/sidecar") == ex.EXIT_PUSH_FAILED
+    out = capsys.readouterr()
+    assert secret not in out.err + out.out
+    assert out.err.count("\n") == 1 and "ConnectionError" in out.err and "kept at" in out.err
+
+
+def test_missing_adapter_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the train_sidecar stage first"):
+        ex.run(ex.ExportAdapterParams(), tmp_path / "nothing", tmp_path / "out")

@@ -1,0 +1,72 @@
+"""Every recipe under recipes/ loads, validates, and says how to launch it; bad recipes fail loudly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ooospec.pipelines.train_sidecar import Recipe, TrainSidecarParams, load_recipe, recipe_from_dict
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if p.name != "accelerate_multi_gpu.yaml")
+
+
+def test_there_are_recipes():
+    names = {p.name for p in TRAINING}
+    assert {"cpu_default.yaml", "gpu_qwen3_0.6b.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.name)
+def test_recipe_loads_validates_and_shows_its_launch_command(path):
+    recipe = load_recipe(path)
+    assert isinstance(recipe, Recipe)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("#")
+    assert "ooospec.pipelines.train_sidecar" in path.read_text().split("\nbase:")[0]
+    assert recipe.num_train_epochs == 1.0  # the paper: one epoch, then frozen
+    assert recipe.report_to == "wandb"
+
+
+def test_default_params_point_at_the_cpu_recipe():
+    assert (RECIPES.parent / TrainSidecarParams().recipe).resolve() == RECIPES / "cpu_default.yaml"
+
+
+def test_paper_recipe_matches_the_paper():
+    r = load_recipe(RECIPES / "gpu_qwen3_0.6b.yaml")
+    assert (r.base, r.lora_r, r.lora_alpha) == ("Qwen/Qwen3-0.6B", 32, 64)
+
+
+def test_accelerate_config_uses_the_zero2_json():
+    text = (RECIPES / "accelerate_multi_gpu.yaml").read_text()
+    assert "accelerate launch --config_file recipes/accelerate_multi_gpu.yaml" in text
+    assert "-m ooospec.pipelines.train_sidecar" in text
+    cfg = yaml.safe_load(text)
+    ds_path = RECIPES.parent / cfg["deepspeed_config"]["deepspeed_config_file"]
+    assert cfg["distributed_type"] == "DEEPSPEED" and ds_path.is_file()
+    assert json.loads(ds_path.read_text())["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"base": "x", "lora_rank": 8}, r"unknown recipe key\(s\) \['lora_rank'\]"),
+    ({"lora_r": 8}, "needs a 'base'"),
+    ({"base": "x", "dtype": "fp16"}, "dtype must be one of"),
+    ({"base": "x", "lora_r": 0}, "lora_r must be > 0"),
+    ({"base": "x", "lora_r": "8"}, "lora_r must be an integer"),
+    ({"base": "x", "bf16": "yes"}, "bf16 must be true/false"),
+    ({"base": "x", "target_modules": ["q_proj", "lm_head"]}, "exclude lm_head"),
+    ({"base": "x", "report_to": "mlflow"}, "report_to must be one of"),
+])
+def test_bad_recipes_are_rejected_by_name(bad, match):
+    with pytest.raises(ValueError, match=match):
+        recipe_from_dict(bad, "bad.yaml")
+
+
+def test_unknown_key_in_a_file_names_the_file(tmp_path):
+    p = tmp_path / "typo.yaml"
+    p.write_text("base: smollm2-135m\nlearnig_rate: 1e-4\n")
+    with pytest.raises(ValueError, match=r"typo.yaml: unknown recipe key\(s\) \['learnig_rate'\]"):
+        load_recipe(p)
+    with pytest.raises(FileNotFoundError, match="recipes there"):
+        load_recipe(tmp_path / "nope.yaml")
