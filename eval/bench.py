@@ -1,0 +1,530 @@
+"""``ooospec bench``: time speculative decoding methods against greedy AR, honestly, in one process.
+
+Run as::
+
+    ooospec bench --target qwen2.5-coder-0.5b --dataset apibank-l1 --methods ar,pld,toolspec,hf-pld \\
+        --limit 30 --threads 2 --dtype bf16 --out results.json [--report-dir reports/bench]
+
+What is measured. Every method decodes the same prompts (the record rendered through the target's chat template
+with its tools, ``fmt.render_prompt``) with the same stop rule -- EOS, the end of the tool call
+(``fmt.is_complete``) or ``--max-new-tokens`` -- in the same process, threads and dtype. Examples are sorted by
+id and taken in that order (``--limit N`` = the first N ids); for each example the methods run one after the
+other in a fixed order (``ar``, ``hf-greedy``, then ``--methods``), so slow drift of a shared machine hits all
+methods alike. Every method is first warmed up (untimed, a short generation on the first prompt) by an instance
+that is then thrown away, so a method that learns from earlier calls (retrieval) never sees an example before its timed run.
+
+Per example and method (one row of ``examples``): wall time of the whole call (``time_s``, prefill + decode,
+measured by the harness around the call), ``prefill_s`` / ``decode_s`` (reported by the method), new tokens,
+target forwards (those that produce output tokens), #MAT (tokens / forwards, bonus included, as in
+:mod:`ooospec.runtime.metrics`), per-forward tree sizes, and whether the tokens equal ``ar``'s (``exact``) and
+stock ``model.generate`` greedy's (``exact_hf``, the ``hf-greedy`` reference, run for every example). A
+mismatch with ``ar`` is located and classified by :func:`ooospec.runtime.metrics.classify_mismatch` with AR's
+recorded top-2 logit margins: ``near_tie`` (margin within bf16 rounding, :func:`default_tie_margin`) or
+``defect``.
+
+Per method (``methods[name]``): ``n``, ``mean_s``, ``median_s``, ``speedup`` (mean AR time / mean time),
+``speedup_median`` (median over examples of AR time / time), ``decode_speedup`` (mean AR decode / mean decode),
+``mat``, ``exact_rate``, ``exact_hf_rate``, ``near_ties``, ``defects`` and a few more (see :func:`summarize`).
+
+``--out`` is rewritten after every example with ``"partial": true`` (the rows so far and their summary), and a
+last time with ``"partial": false``; a run that is stopped early keeps what it measured.
+
+A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult`` (see :func:`build_methods`):
+engine methods (``ar``, ``pld``, ``toolspec``) and the HF peers of :mod:`ooospec.eval.peers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import logging
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ooospec.eval import report
+from ooospec.pipelines.records import read_jsonl, validate_record, write_json
+from ooospec.runtime.metrics import classify_mismatch
+from ooospec.runtime.verify import default_tie_margin
+
+logger = logging.getLogger(__name__)
+
+BASELINE = "ar"
+HF_REFERENCE = "hf-greedy"
+ENGINE_METHODS = ("ar", "pld", "toolspec")
+PEER_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
+KNOWN_METHODS = ENGINE_METHODS + PEER_METHODS
+BENCHMARK_DIR = Path("data/dedupe/eval")
+WARMUP_TOKENS = 16  # budget of a warm-up call
+
+
+# ----------------------------------------------------------------------------------------- the method API
+
+
+@dataclass
+class MethodResult:
+    """What one method returns for one prompt."""
+
+    tokens: list[int]                   # generated tokens, cut at the stop rule (EOS included when it stopped there)
+    prefill_s: float
+    decode_s: float
+    n_forwards: int                     # target forwards that produced output tokens (prefill-only forwards excluded)
+    tree_sizes: list[int]               # [n_forwards] query nodes of each forward, root included (1 = plain step)
+    stop_reason: str                    # "eos" | "stop" | "max_new_tokens"
+    accepted: list[int] | None = None   # [n_forwards] accepted draft tokens (bonus excluded), when the method knows
+    margins: list[float] | None = None  # [len(tokens)] top-2 logit margin behind each token (AR only)
+    overshoot: int = 0                  # tokens generated past the stop rule and cut off (HF assisted decoding)
+    draft_s: float | None = None        # seconds spent drafting (inside decode_s), when the method knows
+    note: str = ""
+
+
+@dataclass
+class BenchContext:
+    """Everything a method may use besides the prompt ids. ``record`` changes per example."""
+
+    model: Any
+    tokenizer: Any
+    fmt: Any                            # a runtime.formats module
+    eos_token_ids: list[int]
+    max_new_tokens: int
+    stop: Callable[[Sequence[int]], bool]
+    record: dict = field(default_factory=dict)
+
+
+MethodFn = Callable[[list[int], BenchContext], MethodResult]
+MethodFactory = Callable[[], MethodFn]
+
+
+def make_stop(tokenizer, fmt) -> Callable[[Sequence[int]], bool]:
+    """The end-of-call predicate every method shares: ``fmt.is_complete`` on the decoded generated text."""
+
+    def stop(generated: Sequence[int]) -> bool:
+        return fmt.is_complete(tokenizer.decode(list(generated), skip_special_tokens=False))
+
+    return stop
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Sorted union of the tokenizer's EOS and the model's ``generation_config.eos_token_id`` (int or list)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
+    return sorted(ids)
+
+
+def engine_method(engine) -> MethodFn:
+    """Adapt a :class:`~ooospec.runtime.engine.SpecEngine` to the method API."""
+
+    def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
+        r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop)
+        return MethodResult(
+            tokens=list(r.tokens), prefill_s=r.prefill_s, decode_s=r.decode_s, n_forwards=r.n_forwards,
+            tree_sizes=[s.tree_size for s in r.steps], stop_reason=r.stop_reason,
+            accepted=[s.accepted for s in r.steps], margins=r.margins, draft_s=sum(s.t_draft for s in r.steps),
+        )
+
+    return run
+
+
+def toolspec_method(model, eos_token_ids: Sequence[int]) -> MethodFn:
+    """ToolSpec = schema FSM drafts + retrieval drafts + PLD, merged into one tree per step (in that priority).
+
+    The FSM drafter depends on the request's tools, so it and its engine are built per request, inside the timed
+    call (building the grammar is part of serving that request). What a long-lived drafter would have learnt
+    carries over: the retrieval bank is one object for the whole run, and each new FSM drafter first observes
+    the previous request's output (how this target opens its calls). Both learn only from outputs this method
+    produced, never from gold calls.
+    """
+    from ooospec.runtime.methods import make_engine
+    from ooospec.runtime.pld import PromptLookupDrafter
+    from ooospec.runtime.retrieval import RetrievalDrafter
+    from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+
+    retriever = RetrievalDrafter()
+    pld = PromptLookupDrafter()
+    last: list[tuple[list[int], list[int]]] = []  # [(prompt, output)] of the previous request
+
+    def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
+        fsm = SchemaFSMDrafter(ctx.tokenizer, ctx.fmt, ctx.record["tools"])
+        for prev_prompt, prev_output in last:
+            fsm.observe(prev_prompt, prev_output)
+        engine = make_engine(model, [fsm, retriever, pld], eos_token_ids=eos_token_ids)
+        res = engine_method(engine)(prompt_ids, ctx)
+        last[:] = [(prompt_ids, res.tokens)]
+        return res
+
+    return run
+
+
+def peer_method(name: str, model, tokenizer, *, pld_tokens: int, assistant=None) -> tuple[MethodFn, str]:
+    """An HF ``generate`` peer and the note that goes with it (e.g. the hf-assisted fallback)."""
+    from ooospec.eval import peers
+
+    extra: dict = {}
+    note = ""
+    if name == "hf-pld":
+        extra = {"prompt_lookup_num_tokens": pld_tokens}
+    elif name == "hf-assisted":
+        if assistant is not None and peers.same_vocab(model, assistant):
+            extra = {"assistant_model": assistant}
+        else:
+            why = "no --assistant given" if assistant is None else "the --assistant vocabulary differs"
+            note = f"hf-assisted: {why}; fell back to prompt lookup (prompt_lookup_num_tokens={pld_tokens})"
+            extra = {"prompt_lookup_num_tokens": pld_tokens}
+
+    def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
+        return peers.hf_generate(model, prompt_ids, eos_token_ids=ctx.eos_token_ids,
+                                 max_new_tokens=ctx.max_new_tokens, stop=ctx.stop,
+                                 pad_token_id=tokenizer.pad_token_id, note=note, **extra)
+
+    return run, note
+
+
+def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequence[int], pld_tokens: int = 10,
+                  assistant=None) -> tuple[dict[str, MethodFactory], list[str]]:
+    """Method factories in run order (``ar`` and ``hf-greedy`` first, always) and the run's notes.
+
+    A factory returns a fresh callable (fresh engine, fresh drafter state) each time it is called.
+    """
+    from ooospec.runtime.methods import METHODS
+
+    unknown = [n for n in names if n not in KNOWN_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {list(KNOWN_METHODS)}")
+    order = [BASELINE, HF_REFERENCE] + [n for n in names if n not in (BASELINE, HF_REFERENCE)]
+    order = list(dict.fromkeys(order))
+    factories: dict[str, MethodFactory] = {}
+    notes: list[str] = []
+    for name in order:
+        if name == "ar":
+            factories[name] = lambda: engine_method(
+                METHODS["ar"](model, eos_token_ids=eos_token_ids, record_margins=True))
+        elif name == "pld":
+            factories[name] = lambda: engine_method(METHODS["pld"](model, eos_token_ids=eos_token_ids))
+        elif name == "toolspec":
+            factories[name] = lambda: toolspec_method(model, eos_token_ids)
+        else:
+            fn, note = peer_method(name, model, tokenizer, pld_tokens=pld_tokens, assistant=assistant)
+            factories[name] = lambda fn=fn: fn
+            if note:
+                notes.append(note)
+    return factories, notes
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+
+def resolve_dataset(dataset: str, root: Path = Path(".")) -> Path:
+    """A benchmark name -> ``data/dedupe/eval/<name>.jsonl`` (under ``root``), or a JSONL path as given."""
+    as_path = Path(dataset)
+    if as_path.suffix == ".jsonl" or as_path.is_file():
+        if not as_path.is_file():
+            raise FileNotFoundError(f"--dataset {dataset}: no such file")
+        return as_path
+    path = root / BENCHMARK_DIR / f"{dataset}.jsonl"
+    if not path.is_file():
+        have = sorted(p.stem for p in (root / BENCHMARK_DIR).glob("*.jsonl"))
+        raise FileNotFoundError(
+            f"benchmark {dataset!r}: {path} not found; build the benchmarks with `dvc repro dedupe` "
+            f"(available now: {have or 'none'}), or pass a path to a JSONL file of records")
+    return path
+
+
+def load_examples(path: Path, limit: int | None = None) -> list[dict]:
+    """Valid records of ``path`` sorted by id; the first ``limit`` of them. Invalid or duplicate ids raise."""
+    records, seen = [], set()
+    for lineno, rec in enumerate(read_jsonl(path), 1):
+        bad = validate_record(rec)
+        if bad is not None:
+            raise ValueError(f"{path}:{lineno}: record {rec.get('id')!r} is not usable ({bad[0]}: {bad[1]})")
+        if rec["id"] in seen:
+            raise ValueError(f"{path}:{lineno}: duplicate record id {rec['id']!r}")
+        seen.add(rec["id"])
+        records.append(rec)
+    records.sort(key=lambda r: r["id"])
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {limit}")
+        records = records[:limit]
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def prompt_ids_of(record: dict, tokenizer, fmt) -> list[int]:
+    """The record's conversation and tools rendered through the target's chat template, tokenized."""
+    text = fmt.render_prompt(tokenizer, record["messages"], record["tools"])
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+def _row(record_id: str, method: str, prompt_len: int, time_s: float, res: MethodResult, tokenizer) -> dict:
+    return {
+        "id": record_id, "method": method, "prompt_tokens": prompt_len, "time_s": time_s,
+        "prefill_s": res.prefill_s, "decode_s": res.decode_s, "new_tokens": len(res.tokens),
+        "forwards": res.n_forwards, "mat": len(res.tokens) / res.n_forwards if res.n_forwards else None,
+        "tree_sizes": list(res.tree_sizes), "accepted": res.accepted, "stop_reason": res.stop_reason,
+        "overshoot": res.overshoot, "draft_s": res.draft_s, "tokens": list(res.tokens),
+        "text": tokenizer.decode(res.tokens, skip_special_tokens=False),
+    }
+
+
+def compare_rows(rows: dict[str, dict], ar_margins: Sequence[float], tie_tol: float) -> None:
+    """Fill ``exact``, ``exact_hf`` and ``mismatch`` of one example's rows (``{method: row}``) in place."""
+    ar_tokens = rows[BASELINE]["tokens"]
+    hf_tokens = rows[HF_REFERENCE]["tokens"] if HF_REFERENCE in rows else None
+    for row in rows.values():
+        row["exact"] = row["tokens"] == ar_tokens
+        row["exact_hf"] = None if hf_tokens is None else row["tokens"] == hf_tokens
+        row["mismatch"] = None if row["exact"] else classify_mismatch(ar_tokens, row["tokens"], ar_margins, tie_tol)
+
+
+def _timed(fn: MethodFn, prompt_ids: list[int], ctx: BenchContext) -> tuple[float, MethodResult]:
+    gc.collect()
+    t0 = time.perf_counter()
+    res = fn(prompt_ids, ctx)
+    return time.perf_counter() - t0, res
+
+
+def run_bench(
+    model,
+    tokenizer,
+    records: Sequence[dict],
+    factories: dict[str, MethodFactory],
+    *,
+    fmt,
+    max_new_tokens: int = 256,
+    warmup: int = 1,
+    progress: bool = True,
+    on_example: Callable[[dict], None] | None = None,
+) -> dict:
+    """Run every method on every record (interleaved, fixed order) and return ``{"methods", "examples"}``.
+
+    Args:
+        model, tokenizer: the target.
+        records: benchmark records (run in id order).
+        factories: ``{name: factory}`` from :func:`build_methods`; must contain ``"ar"``.
+        fmt: the tool-call format module (``render_prompt``, ``is_complete``).
+        max_new_tokens: generation budget per call.
+        warmup: untimed calls per method on the first prompt (at most ``WARMUP_TOKENS`` new tokens each),
+            by a throw-away instance.
+        on_example: called after each example with the results so far (e.g. to save a partial JSON).
+    """
+    if BASELINE not in factories:
+        raise ValueError(f"methods must include the baseline {BASELINE!r}, got {list(factories)}")
+    ctx = BenchContext(model, tokenizer, fmt, eos_ids(model, tokenizer), max_new_tokens, make_stop(tokenizer, fmt))
+    tie_tol = default_tie_margin(model.dtype)
+    records = sorted(records, key=lambda r: r["id"])
+    prompts = [prompt_ids_of(rec, tokenizer, fmt) for rec in records]
+
+    # warm-up: the first prompt with a short budget (kernels, allocator, caches); instances are thrown away
+    warm_ctx = dataclasses.replace(ctx, record=records[0], max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
+    for factory in factories.values():
+        fn = factory()
+        for _ in range(warmup):
+            fn(prompts[0], warm_ctx)
+    methods = {name: factory() for name, factory in factories.items()}
+
+    examples: list[dict] = []
+    for rec, prompt in tqdm(list(zip(records, prompts)), desc="bench", disable=not progress):
+        ctx.record = rec
+        rows, ar_margins = {}, None
+        for name, fn in methods.items():
+            time_s, res = _timed(fn, prompt, ctx)
+            rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer)
+            if name == BASELINE:
+                ar_margins = res.margins
+        compare_rows(rows, ar_margins, tie_tol)
+        examples.extend(rows.values())
+        if on_example is not None:
+            on_example(_results(examples, list(methods), tie_tol))
+    return _results(examples, list(methods), tie_tol)
+
+
+def _results(examples: list[dict], order: list[str], tie_tol: float) -> dict:
+    return json_safe({"methods": summarize(examples, order), "examples": examples, "tie_margin": tie_tol})
+
+
+# ------------------------------------------------------------------------------------------ summary math
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (nan / inf) replaced by None, so the JSON stays standard."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def summarize_method(rows: Sequence[dict], baseline: dict[str, dict]) -> dict:
+    """Summary of one method's rows against the baseline's rows ``{id: row}`` (same ids).
+
+    Worked example: AR times ``[1.0, 3.0]``, method times ``[0.5, 2.0]`` -> ``mean_s`` 1.25, ``speedup``
+    2.0 / 1.25 = 1.6, per-example ratios ``[2.0, 1.5]`` -> ``speedup_median`` 1.75.
+    """
+    if not rows:
+        raise ValueError("no rows to summarize")
+    missing = [r["id"] for r in rows if r["id"] not in baseline]
+    if missing:
+        raise ValueError(f"{rows[0]['method']}: examples without a baseline row: {missing[:5]}")
+    times = [r["time_s"] for r in rows]
+    base_times = [baseline[r["id"]]["time_s"] for r in rows]
+    decode = [r["decode_s"] for r in rows]
+    base_decode = [baseline[r["id"]]["decode_s"] for r in rows]
+    tokens = sum(r["new_tokens"] for r in rows)
+    forwards = sum(r["forwards"] for r in rows)
+    trees = [t for r in rows for t in r["tree_sizes"]]
+    mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
+    exact_hf = [r["exact_hf"] for r in rows if r.get("exact_hf") is not None]
+    return {
+        "n": len(rows),
+        "mean_s": statistics.fmean(times),
+        "median_s": statistics.median(times),
+        "mean_prefill_s": statistics.fmean(r["prefill_s"] for r in rows),
+        "mean_decode_s": statistics.fmean(decode),
+        "speedup": statistics.fmean(base_times) / statistics.fmean(times),
+        "speedup_median": statistics.median(b / t for b, t in zip(base_times, times)),
+        "decode_speedup": statistics.fmean(base_decode) / statistics.fmean(decode),
+        "mat": tokens / forwards if forwards else None,
+        "new_tokens": tokens,
+        "forwards": forwards,
+        "mean_tree_size": statistics.fmean(trees) if trees else None,
+        "tokens_per_s": tokens / sum(times),
+        "exact_rate": sum(bool(r["exact"]) for r in rows) / len(rows),
+        "exact_hf_rate": sum(exact_hf) / len(exact_hf) if exact_hf else None,
+        "near_ties": sum(m["kind"] == "near_tie" for m in mismatches),
+        "defects": sum(m["kind"] == "defect" for m in mismatches),
+        "overshoot_tokens": sum(r.get("overshoot", 0) for r in rows),
+    }
+
+
+def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, baseline: str = BASELINE) -> dict:
+    """``{method: summary}`` in ``order`` (default: first appearance), each against ``baseline``'s rows."""
+    by_method: dict[str, list[dict]] = {}
+    for row in examples:
+        by_method.setdefault(row["method"], []).append(row)
+    if baseline not in by_method:
+        raise ValueError(f"no {baseline!r} rows to compare against (methods: {sorted(by_method)})")
+    base = {r["id"]: r for r in by_method[baseline]}
+    return {m: summarize_method(by_method[m], base) for m in (order or by_method)}
+
+
+# ------------------------------------------------------------------------------------------- environment
+
+
+def _git(*args: str) -> str | None:
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(dtype: str) -> dict:
+    """Versions, threads, CPU and commit of this run (``commit_dirty``: uncommitted changes were present)."""
+    import transformers
+
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "threads": torch.get_num_threads(), "dtype": dtype, "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "commit": _git("rev-parse", "HEAD"), "commit_dirty": None if status is None else bool(status),
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="registry name, local HF folder, .gguf or hub id")
+    p.add_argument("--dataset", required=True,
+                   help="benchmark name (data/dedupe/eval/<name>.jsonl) or a path to a JSONL file of records")
+    p.add_argument("--methods", default="ar,pld,hf-pld",
+                   help=f"comma-separated, from {','.join(KNOWN_METHODS)} (ar and hf-greedy always run)")
+    p.add_argument("--limit", type=int, default=None, help="first N examples by id (default: all)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, once, for every method")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--assistant", default=None, help="draft model for hf-assisted (same vocabulary as the target)")
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the HF PLD peers")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls per method before timing")
+    p.add_argument("--out", type=Path, required=True, help="results JSON")
+    p.add_argument("--report-dir", type=Path, default=None, help="also write table.md and bench.png here")
+    p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ooospec.runtime.formats import detect_format
+    from ooospec.runtime.models import load_target
+
+    if args.threads < 1 or args.max_new_tokens < 1:
+        raise SystemExit(f"--threads and --max-new-tokens must be >= 1 (got {args.threads}, {args.max_new_tokens})")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    records = load_examples(resolve_dataset(args.dataset), args.limit)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model, tokenizer = load_target(args.target, dtype=args.dtype, cache=args.cache)
+    assistant = None
+    if "hf-assisted" in names and args.assistant:
+        assistant, _ = load_target(args.assistant, dtype=args.dtype, cache=args.cache)
+    fmt = detect_format(tokenizer)
+    factories, notes = build_methods(names, model, tokenizer, eos_token_ids=eos_ids(model, tokenizer),
+                                     pld_tokens=args.pld_tokens, assistant=assistant)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    env = environment(args.dtype)
+    config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
+              "max_new_tokens": args.max_new_tokens, "format": fmt.NAME, "assistant": args.assistant,
+              "pld_tokens": args.pld_tokens, "warmup": args.warmup}
+    t0 = time.perf_counter()
+
+    def save(results: dict, partial: bool) -> dict:
+        """Write ``--out`` (after every example too, marked ``partial``, so a long run that dies keeps its rows)."""
+        run_env = {**env, "loadavg_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0}
+        results = {**results, "env": run_env, "notes": notes, "config": config, "partial": partial}
+        write_json(args.out, results)
+        return results
+
+    results = run_bench(model, tokenizer, records, factories, fmt=fmt, max_new_tokens=args.max_new_tokens,
+                        warmup=args.warmup, on_example=lambda partial: save(partial, True))
+    results = save(results, False)
+    print(report.markdown_table(results))
+    if args.report_dir is not None:
+        paths = report.write_report(results, args.report_dir)
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0

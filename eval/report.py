@@ -1,0 +1,166 @@
+"""Tables and plots from an ``ooospec bench`` results JSON. Pure functions; imports nothing from ``ooospec``.
+
+Run as::
+
+    python -m ooospec.eval.report results.json --out-dir reports/bench     # writes table.md and bench.png
+
+The results JSON (see ``eval/bench.py``) holds ``methods`` (``{name: summary}``), ``examples`` (one row per
+example and method, with ``id``, ``method``, ``time_s``), and optionally ``config``, ``env`` and ``notes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# (header, summary key, format)
+COLUMNS: list[tuple[str, str, str]] = [
+    ("n", "n", "{:d}"),
+    ("mean s", "mean_s", "{:.3f}"),
+    ("median s", "median_s", "{:.3f}"),
+    ("speedup (mean)", "speedup", "{:.2f}x"),
+    ("speedup (median/ex)", "speedup_median", "{:.2f}x"),
+    ("decode speedup", "decode_speedup", "{:.2f}x"),
+    ("#MAT", "mat", "{:.2f}"),
+    ("mean tree", "mean_tree_size", "{:.1f}"),
+    ("exact vs ar", "exact_rate", "{:.0%}"),
+    ("exact vs HF", "exact_hf_rate", "{:.0%}"),
+    ("near-ties", "near_ties", "{:d}"),
+    ("defects", "defects", "{:d}"),
+]
+
+
+def method_order(results: dict) -> list[str]:
+    """Methods in run order (``config.methods`` when present, else the ``methods`` object's order)."""
+    listed = results.get("config", {}).get("methods") or []
+    return [m for m in listed if m in results["methods"]] + [m for m in results["methods"] if m not in listed]
+
+
+def fmt_cell(value: Any, spec: str) -> str:
+    """One table cell; ``-`` for a missing or non-finite value.
+
+    >>> fmt_cell(1.5, "{:.2f}x"), fmt_cell(None, "{:.2f}"), fmt_cell(0.5, "{:.0%}")
+    ('1.50x', '-', '50%')
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return spec.format(value)
+
+
+def env_line(results: dict) -> str:
+    """One line naming what the numbers were measured on."""
+    env, cfg = results.get("env", {}), results.get("config", {})
+    parts = [f"target {cfg['target']}" if "target" in cfg else None,
+             f"dataset {cfg['dataset']}" if "dataset" in cfg else None,
+             f"dtype {env['dtype']}" if "dtype" in env else None,
+             f"threads {env['threads']}" if "threads" in env else None,
+             env.get("cpu"),
+             f"torch {env['torch']}" if "torch" in env else None,
+             f"commit {str(env['commit'])[:10]}{'+dirty' if env.get('commit_dirty') else ''}"
+             if env.get("commit") else None,
+             "load avg {:.1f} -> {:.1f}".format(env["loadavg_start"][0], env["loadavg_end"][0])
+             if "loadavg_start" in env and "loadavg_end" in env else None]
+    return "; ".join(p for p in parts if p)
+
+
+def mismatch_lines(results: dict) -> list[str]:
+    """One line per example whose tokens differ from AR's: method, id, divergence position, AR margin, class."""
+    lines = []
+    for r in results["examples"]:
+        m = r.get("mismatch")
+        if m:
+            margin = fmt_cell(m.get("margin"), "{:.3f}")
+            lines.append(f"mismatch vs ar: {r['method']} {r['id']} at token {m['position']}, "
+                         f"AR top-2 margin {margin} -> {m['kind']}")
+    return lines
+
+
+def markdown_table(results: dict) -> str:
+    """The per-method summary as a markdown table; the environment line, notes and mismatches under it."""
+    header = "| method | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(COLUMNS)
+    lines = [header, rule]
+    for name in method_order(results):
+        s = results["methods"][name]
+        lines.append(f"| {name} | " + " | ".join(fmt_cell(s.get(k), f) for _, k, f in COLUMNS) + " |")
+    footer = [env_line(results)] + [f"note: {n}" for n in results.get("notes", [])] + mismatch_lines(results)
+    return "\n".join(lines + [""] + [f for f in footer if f])
+
+
+def times_vs_baseline(results: dict, method: str, baseline: str = "ar") -> tuple[list[float], list[float]]:
+    """``(baseline times, method times)`` paired by example id, in id order."""
+    rows = {(r["method"], r["id"]): r["time_s"] for r in results["examples"]}
+    ids = sorted(i for m, i in rows if m == method and (baseline, i) in rows)
+    return [rows[(baseline, i)] for i in ids], [rows[(method, i)] for i in ids]
+
+
+def plot(results: dict, path: Path, baseline: str = "ar") -> Path:
+    """A PNG: speedup bars (mean-time ratio, exactness annotated) and per-example time vs the baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = method_order(results)
+    summaries = [results["methods"][n] for n in names]
+    fig, (ax_bar, ax_sc) = plt.subplots(1, 2, figsize=(12, 4.5))
+
+    speedups = [s.get("speedup") or 0.0 for s in summaries]
+    bars = ax_bar.bar(names, speedups, color=["#888888" if n == baseline else "#3b75af" for n in names])
+    ax_bar.axhline(1.0, color="black", lw=0.8, ls="--")
+    for bar, s in zip(bars, summaries):
+        exact = fmt_cell(s.get("exact_rate"), "{:.0%}")
+        ax_bar.annotate(f"{bar.get_height():.2f}x\nexact {exact}", (bar.get_x() + bar.get_width() / 2,
+                        bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax_bar.set_ylabel(f"speedup vs {baseline} (ratio of mean times)")
+    ax_bar.set_ylim(0, max(speedups + [1.0]) * 1.3)
+    ax_bar.tick_params(axis="x", rotation=30)
+
+    top = 0.0
+    for name in names:
+        if name == baseline:
+            continue
+        x, y = times_vs_baseline(results, name, baseline)
+        ax_sc.scatter(x, y, s=14, label=name, alpha=0.8)
+        top = max([top] + x + y)
+    ax_sc.plot([0, top or 1.0], [0, top or 1.0], color="black", lw=0.8, ls="--", label="= " + baseline)
+    ax_sc.set_xlabel(f"{baseline} time per example (s)")
+    ax_sc.set_ylabel("method time per example (s)")
+    ax_sc.legend(fontsize=8)
+
+    fig.suptitle(env_line(results), fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict, out_dir: Path) -> list[Path]:
+    """``out_dir/table.md`` and ``out_dir/bench.png``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = out_dir / "table.md"
+    table.write_text(markdown_table(results) + "\n", encoding="utf-8")
+    return [table, plot(results, out_dir / "bench.png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ooospec.eval.report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="results JSON written by `ooospec bench --out`")
+    parser.add_argument("--out-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    with open(args.results, encoding="utf-8") as f:
+        results = json.load(f)
+    for path in write_report(results, args.out_dir):
+        print(path)
+    print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

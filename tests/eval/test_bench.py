@@ -1,0 +1,260 @@
+"""``ooospec bench`` on a tiny random Qwen2 and a byte-level toy tokenizer with a tool-aware chat template.
+
+No downloads; fp32 (so the engine, HF greedy and HF prompt lookup must agree token for token).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from ooospec import cli
+from ooospec.eval import bench, peers
+from ooospec.pipelines.records import call, make_record, tool, write_jsonl
+from ooospec.runtime.formats import detect_format
+
+SPECIALS = ["<pad>", "<s>", "</s>"]
+# Mentions <tool_call> (-> hermes format) and renders `tools` (-> the template's own tool path).
+TEMPLATE = (
+    "{%- if tools %}<|system|>Tools: {{ tools | tojson }}\nCall one as <tool_call>{json}</tool_call>\n{% endif %}"
+    "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+REQUIRED = ("n", "mean_s", "median_s", "speedup", "decode_speedup", "mat", "exact_rate", "defects")
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Every UTF-8 byte is one token (ids 0..255); ``</s>`` (258) is EOS."""
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab.update({s: 256 + i for i, s in enumerate(SPECIALS)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
+    cfg = Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=4096,
+                      pad_token_id=256, bos_token_id=257, eos_token_id=258, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def toy_records() -> list[dict]:
+    weather = tool("get_weather", "Current weather for a city.",
+                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    agenda = tool("add_agenda", "Add an agenda item.",
+                  {"type": "object", "properties": {"content": {"type": "string"}, "time": {"type": "string"}},
+                   "required": ["content", "time"]})
+    return [
+        make_record("toy", "test", "b", [weather], [{"role": "user", "content": "Weather in Paris?"}],
+                    [call("get_weather", {"city": "Paris"})]),
+        make_record("toy", "test", "a", [weather, agenda],
+                    [{"role": "user", "content": "Add 'review' at 10:00, then weather in Oslo."}],
+                    [call("add_agenda", {"content": "review", "time": "10:00"})]),
+        make_record("toy", "test", "c", [agenda], [{"role": "user", "content": "Agenda: lunch at noon."}],
+                    [call("add_agenda", {"content": "lunch", "time": "12:00"})]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_qwen2(), byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def results(target):
+    model, tok = target
+    factories, notes = bench.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
+                                           eos_token_ids=bench.eos_ids(model, tok), pld_tokens=5)
+    assert notes == []
+    return bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+                           progress=False)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def test_run_has_required_keys_and_order(results):
+    assert list(results["methods"]) == ["ar", "hf-greedy", "pld", "toolspec", "hf-pld"]
+    for name, summary in results["methods"].items():
+        missing = [k for k in REQUIRED if k not in summary]
+        assert not missing, f"{name} lacks {missing}"
+        assert summary["n"] == 3
+    assert len(results["examples"]) == 3 * 5
+    json.dumps(results, allow_nan=False)  # standard JSON: no NaN / inf anywhere
+
+
+def test_ar_is_its_own_reference_and_plain(results):
+    ar = results["methods"]["ar"]
+    assert ar["exact_rate"] == 1.0 and ar["defects"] == 0
+    assert ar["speedup"] == pytest.approx(1.0) and ar["speedup_median"] == pytest.approx(1.0)
+    assert ar["mat"] == pytest.approx(1.0)
+    for row in results["examples"]:
+        if row["method"] == "ar":
+            assert row["forwards"] == row["new_tokens"] and set(row["tree_sizes"]) == {1}
+
+
+def test_fp32_methods_match_ar_and_hf_greedy(results):
+    for name, summary in results["methods"].items():
+        assert summary["exact_rate"] == 1.0, (name, [r["mismatch"] for r in results["examples"]])
+        assert summary["exact_hf_rate"] == 1.0, name
+
+
+def test_hf_forward_counting(results):
+    for row in results["examples"]:
+        if row["method"] == "hf-greedy":  # one forward per token, prefill included (it yields token 1)
+            assert row["forwards"] == row["new_tokens"] and set(row["tree_sizes"]) == {1}
+        if row["method"] in ("ar", "pld", "toolspec"):
+            assert 0 <= row["draft_s"] <= row["decode_s"]
+        if row["method"] in ("pld", "toolspec", "hf-pld"):
+            assert 1 <= row["forwards"] <= row["new_tokens"] and len(row["tree_sizes"]) == row["forwards"]
+
+
+def test_examples_in_id_order_and_stop_rule(results):
+    ar_rows = [r for r in results["examples"] if r["method"] == "ar"]
+    assert [r["id"] for r in ar_rows] == ["toy/test/a", "toy/test/b", "toy/test/c"]
+    fmt = detect_format(byte_tokenizer())
+    for row in ar_rows:
+        assert row["new_tokens"] <= 24
+        if row["stop_reason"] == "stop":
+            assert fmt.is_complete(row["text"]) and not fmt.is_complete(row["text"][:-1])
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_writes_results_and_report(tmp_path, target):
+    model, tok = target
+    model_dir = tmp_path / "tiny"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, toy_records())
+    out = tmp_path / "results.json"
+    rc = cli.main(["bench", "--target", str(model_dir), "--dataset", str(data), "--dtype", "fp32",
+                   "--threads", "1", "--limit", "2", "--max-new-tokens", "12", "--warmup", "0",
+                   "--methods", "ar,hf-assisted", "--assistant", str(model_dir),
+                   "--out", str(out), "--report-dir", str(tmp_path / "report")])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert list(res["methods"]) == ["ar", "hf-assisted", "hf-greedy"]  # JSON keys are sorted on disk
+    assert res["config"]["methods"] == ["ar", "hf-greedy", "hf-assisted"]
+    assert {r["id"] for r in res["examples"]} == {"toy/test/a", "toy/test/b"}
+    for key in ("torch", "threads", "dtype", "cpu", "commit"):
+        assert key in res["env"]
+    assert res["env"]["threads"] == 1 and res["env"]["dtype"] == "fp32"
+    # the draft is the target itself: exact, and more than one token per target forward
+    assisted = res["methods"]["hf-assisted"]
+    assert assisted["exact_rate"] == 1.0 and assisted["mat"] > 1.0
+    assert res["notes"] == [] and res["partial"] is False
+    assert (tmp_path / "report" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hf_assisted_without_draft_falls_back_and_says_so(target):
+    model, tok = target
+    _, notes = bench.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=[258])
+    assert len(notes) == 1 and "fell back to prompt lookup" in notes[0]
+
+
+def test_unknown_method_is_rejected(target):
+    model, tok = target
+    with pytest.raises(ValueError, match="unknown method.*'magic'"):
+        bench.build_methods(["ar", "magic"], model, tok, eos_token_ids=[258])
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def test_dataset_name_missing_names_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dvc repro"):
+        bench.resolve_dataset("apibank-l1", root=tmp_path)
+    (tmp_path / "data/dedupe/eval").mkdir(parents=True)
+    write_jsonl(tmp_path / "data/dedupe/eval/apibank-l1.jsonl", toy_records())
+    assert bench.resolve_dataset("apibank-l1", root=tmp_path).name == "apibank-l1.jsonl"
+
+
+def test_load_examples_sorts_limits_and_names_bad_records(tmp_path):
+    path = tmp_path / "r.jsonl"
+    write_jsonl(path, toy_records())
+    assert [r["id"] for r in bench.load_examples(path, limit=2)] == ["toy/test/a", "toy/test/b"]
+    bad = toy_records()
+    bad[1]["calls"] = [call("nope", {})]
+    write_jsonl(path, bad)
+    with pytest.raises(ValueError, match="toy/test/a.*call_unknown_tool"):
+        bench.load_examples(path)
+
+
+# ------------------------------------------------------------------------------------------ summary math
+
+
+def _row(id_, method, time_s, decode_s, tokens, forwards, exact=True, mismatch=None, exact_hf=True):
+    return {"id": id_, "method": method, "time_s": time_s, "prefill_s": time_s - decode_s, "decode_s": decode_s,
+            "new_tokens": tokens, "forwards": forwards, "tree_sizes": [1] * forwards, "exact": exact,
+            "exact_hf": exact_hf, "mismatch": mismatch}
+
+
+def test_summary_math_on_hand_made_rows():
+    rows = [
+        _row("x", "ar", 1.0, 0.8, 10, 10), _row("y", "ar", 3.0, 2.0, 30, 30), _row("z", "ar", 2.0, 1.2, 20, 20),
+        _row("x", "m", 0.5, 0.3, 10, 4), _row("y", "m", 2.0, 1.0, 30, 10),
+        _row("z", "m", 4.0, 3.2, 19, 15, exact=False, exact_hf=False,
+             mismatch={"position": 3, "margin": 0.1, "kind": "near_tie"}),
+    ]
+    s = bench.summarize(rows)
+    m = s["m"]
+    assert m["n"] == 3
+    assert m["mean_s"] == pytest.approx(6.5 / 3) and m["median_s"] == pytest.approx(2.0)
+    assert m["speedup"] == pytest.approx(2.0 / (6.5 / 3))                 # ratio of mean times
+    assert m["speedup_median"] == pytest.approx(1.5)                      # median of [2.0, 1.5, 0.5]
+    assert m["decode_speedup"] == pytest.approx(4.0 / 4.5)
+    assert m["mat"] == pytest.approx(59 / 29)
+    assert m["exact_rate"] == pytest.approx(2 / 3) and m["exact_hf_rate"] == pytest.approx(2 / 3)
+    assert (m["near_ties"], m["defects"]) == (1, 0)
+    assert s["ar"]["speedup"] == pytest.approx(1.0) and s["ar"]["mat"] == pytest.approx(1.0)
+
+
+def test_summary_needs_baseline_rows():
+    with pytest.raises(ValueError, match="no 'ar' rows"):
+        bench.summarize([_row("x", "m", 1.0, 0.5, 3, 3)])
+
+
+def test_mismatch_is_classified_with_ar_margins():
+    rows = {"ar": {"tokens": [1, 2, 3]}, "hf-greedy": {"tokens": [1, 2, 3]}, "m": {"tokens": [1, 9, 3]},
+            "d": {"tokens": [1, 2, 7]}}
+    bench.compare_rows(rows, ar_margins=[5.0, 0.1, 4.0], tie_tol=0.25)
+    assert rows["ar"]["exact"] and rows["ar"]["mismatch"] is None
+    assert rows["m"]["mismatch"] == {"position": 1, "margin": 0.1, "kind": "near_tie"}
+    assert rows["d"]["mismatch"]["kind"] == "defect" and rows["d"]["exact_hf"] is False
+
+
+def test_json_safe_replaces_non_finite():
+    assert bench.json_safe({"a": [math.nan, 1.0], "b": math.inf, "c": "x"}) == {"a": [None, 1.0], "b": None,
+                                                                              "c": "x"}
+
+
+# ------------------------------------------------------------------------------------------ peers
+
+
+def test_cut_at_stop():
+    assert peers.cut_at_stop([5, 6, 2, 7], [2], None, 10) == [5, 6, 2]
+    assert peers.cut_at_stop([5, 6, 7, 8], [], lambda g: g[-1] == 6, 10) == [5, 6]
+    assert peers.cut_at_stop([5, 6, 7, 8], [], None, 3) == [5, 6, 7]
+
+
+def test_forward_counter_counts_and_restores(target):
+    model, _ = target
+    with peers.ForwardCounter(model) as counter:
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+        model(torch.tensor([[4]]))
+    assert counter.q_lens == [3, 1] and counter.t_first is not None
+    assert "forward" not in vars(model)  # the class method is back

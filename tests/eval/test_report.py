@@ -1,0 +1,63 @@
+"""eval/report.py on a hand-made results dict: the markdown table, the PNG and the module CLI."""
+
+from __future__ import annotations
+
+import json
+
+from ooospec.eval import report
+
+
+def hand_results() -> dict:
+    def summary(mean_s, speedup, exact, defects=0, exact_hf=1.0):
+        return {"n": 2, "mean_s": mean_s, "median_s": mean_s, "speedup": speedup, "speedup_median": speedup,
+                "decode_speedup": speedup * 1.1, "mat": speedup, "mean_tree_size": 3.0, "exact_rate": exact,
+                "exact_hf_rate": exact_hf, "near_ties": 0, "defects": defects}
+
+    examples = []
+    for id_, t in (("a", 1.0), ("b", 3.0)):
+        examples += [{"id": id_, "method": "ar", "time_s": t}, {"id": id_, "method": "pld", "time_s": t / 2},
+                     {"id": id_, "method": "hf-pld", "time_s": t * 0.8,
+                      "mismatch": {"position": 7, "margin": 1.5, "kind": "defect"} if id_ == "b" else None}]
+    return {
+        "methods": {"hf-pld": summary(1.6, 1.25, 0.5, defects=1, exact_hf=None), "ar": summary(2.0, 1.0, 1.0),
+                    "pld": summary(1.0, 2.0, 1.0)},
+        "examples": examples,
+        "config": {"methods": ["ar", "pld", "hf-pld"], "target": "tiny", "dataset": "toy"},
+        "env": {"dtype": "bf16", "threads": 2, "cpu": "Test CPU", "torch": "2.13.0", "commit": "0123456789abcdef",
+                "commit_dirty": True, "loadavg_start": [1.0, 1.0, 1.0], "loadavg_end": [2.5, 1.0, 1.0]},
+        "notes": ["hf-assisted: fell back"],
+    }
+
+
+def test_table_rows_in_run_order_with_values():
+    table = report.markdown_table(hand_results())
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | n | mean s")
+    body = [line for line in lines[2:] if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in body] == ["ar", "pld", "hf-pld"]
+    pld = body[1]
+    assert "| 2.00x |" in pld and "| 1.000 |" in pld and "| 100% |" in pld
+    hf = body[2]
+    assert "| 50% |" in hf and "| - |" in hf and hf.rstrip().endswith("| 1 |")  # exact_hf None -> "-"; 1 defect
+    assert "threads 2" in table and "commit 0123456789+dirty" in table and "load avg 1.0 -> 2.5" in table
+    assert "note: hf-assisted: fell back" in table
+    assert "mismatch vs ar: hf-pld b at token 7, AR top-2 margin 1.500 -> defect" in table
+
+
+def test_times_vs_baseline_pairs_by_id():
+    assert report.times_vs_baseline(hand_results(), "pld") == ([1.0, 3.0], [0.5, 1.5])
+
+
+def test_plot_writes_png(tmp_path):
+    path = report.plot(hand_results(), tmp_path / "sub" / "bench.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_module_cli(tmp_path, capsys):
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(hand_results()))
+    assert report.main([str(src), "--out-dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "bench.png").is_file()
+    assert (tmp_path / "out" / "table.md").read_text().startswith("| method |")
+    assert "| pld |" in capsys.readouterr().out
