@@ -465,12 +465,21 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     return metrics
 
 
+def _sort_target_modules(config_path: Path) -> None:
+    """peft keeps ``target_modules`` as a set and writes it in hash order; sort it so reruns are byte-identical."""
+    cfg = json.loads(config_path.read_text())
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
+        config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def save_adapter(trainer, tokenizer, adapter_dir: Path) -> None:
     """peft ``save_pretrained`` (adapter_model.safetensors + adapter_config.json) and the tokenizer."""
     tmp = adapter_dir.with_name(adapter_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     trainer.model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
+    _sort_target_modules(tmp / "adapter_config.json")
     shutil.rmtree(adapter_dir, ignore_errors=True)
     tmp.replace(adapter_dir)
 
