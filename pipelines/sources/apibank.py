@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ooospec.pipelines.records import MALFORMED_RECORD, Reject, make_record, tool
+from ooospec.pipelines.sources.pytypes import split_top_level
 
 SOURCE = "apibank"
 LICENSE = "Apache-2.0"
@@ -114,29 +115,12 @@ def type_to_schema(type_str: Any) -> dict:
         return type_to_schema(m.group(1))
     m = re.fullmatch(r"Union\s*\[\s*(.+)\s*\]", t)
     if m:
-        alts = [type_to_schema(a) for a in _split_top_level(m.group(1))]
+        alts = [type_to_schema(a) for a in split_top_level(m.group(1))]
         return {} if any(a == {} for a in alts) else {"anyOf": alts}
     m = re.fullmatch(r"(?:dict|Dict)\s*\[.*\]", t)
     if m:
         return {"type": "object"}
     return {}
-
-
-def _split_top_level(s: str) -> list[str]:
-    """Split ``"List[dict], dict"`` on commas outside brackets -> ``["List[dict]", "dict"]``."""
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "[(":
-            depth += 1
-        elif ch in "])":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur).strip())
-    return [p for p in parts if p]
 
 
 def params_schema(input_parameters: Any) -> dict:

@@ -32,22 +32,21 @@ _BASE: dict[str, str] = {
 }
 
 
-def _split_args(s: str) -> list[str]:
-    """Split ``"int, List[str], float"`` on top-level commas -> ``['int', 'List[str]', 'float']``."""
+def split_top_level(s: str) -> list[str]:
+    """Split on commas outside brackets/parentheses: ``"int, List[str], Dict(a, b)"`` -> 3 parts (empties dropped)."""
     parts, depth, cur = [], 0, []
     for ch in s:
-        if ch == "[":
+        if ch in "[(":
             depth += 1
-        elif ch == "]":
+        elif ch in "])":
             depth -= 1
         if ch == "," and depth == 0:
             parts.append("".join(cur).strip())
             cur = []
         else:
             cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]
 
 
 def is_optional(type_str: Any) -> bool:
@@ -74,7 +73,7 @@ def type_schema(type_str: Any) -> dict:
     if m is None:
         base = s.lower().split(".")[-1]
         return {"type": _BASE[base]} if base in _BASE else {}
-    head, args = m.group(1).lower().split(".")[-1], _split_args(m.group(2))
+    head, args = m.group(1).lower().split(".")[-1], split_top_level(m.group(2))
     if head == "optional" and len(args) == 1:
         return type_schema(args[0])
     if head == "union":
