@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "expand-slots": ("ooospec.pipelines.expand_slots", "expand calls into sidecar supervision pairs (DVC stage)"),
     "train-sidecar": ("ooospec.pipelines.train_sidecar", "LoRA-train the sidecar (DVC stage)"),
     "eval-sidecar": ("ooospec.pipelines.eval_sidecar", "offline sidecar quality and slot-wave latency (DVC stage)"),
+    "sidecar-report": ("ooospec.eval.sidecar_report", "compare trained sidecars: quality vs slot-wave latency"),
     "export": ("ooospec.pipelines.export_adapter", "export the adapter as a Hub model folder, optionally push"),
 }
 

@@ -11,9 +11,13 @@ runtime's own parsers (``ooospec.runtime.sidecar_prompts``) and compared as cano
                                    slots, precision = P(gold null | predicted null), recall = P(predicted null |
                                    gold null). An unparseable answer counts as a non-null prediction.
 
-Latency is the OoO-Spec request-level wave: all of ONE request's function_index + argument rows generated as
-one left-padded batch, greedy, with ``threads`` torch threads (1 by default), one warm-up wave first; we report
-the median (and p90) over the evaluated requests. Reference from a public reproduction (Qwen3-0.6B sidecar on a
+Latency is the OoO-Spec request-level wave: ONE request's queries generated as one left-padded batch, greedy,
+with ``threads`` torch threads (1 by default), one warm-up wave first; we report the median (and p90) over the
+evaluated requests. With ``--waves data/slots/heldout_waves.jsonl`` (the DVC stage passes it) the wave is the
+runtime's full query set from ``slot_queries`` (index + every function x parameter, ``latency.wave: "full"``)
+and the heldout rows are scored on the answers of that same batch (their prompts are a subset of it); without
+it the wave is the request's heldout function_index + argument rows (capped nulls, so smaller:
+``"heldout_rows"``). Reference from a public reproduction (Qwen3-0.6B sidecar on a
 GPU): 96.3% function accuracy, 86.1% argument exact match (:data:`ANCHOR`).
 
     python -m ooospec.pipelines.eval_sidecar data/slots/heldout.jsonl models/sidecar metrics/eval_sidecar.json
@@ -161,6 +165,18 @@ def score(rows: Sequence[dict], predictions: dict[str, str]) -> dict:
     return out
 
 
+def trivial_baselines(rows: Sequence[dict]) -> dict:
+    """What a constant answer scores on the same rows: the floor a trained sidecar must clear.
+
+    ``function_index_always_0`` (the first tool: many requests offer one tool, or list the called one first) and
+    ``argument_always_null`` (the share of null slots).
+    """
+    index = [json.loads(r["completion"]) for r in rows if r["form"] == "function_index"]
+    args = [json.loads(r["completion"]) for r in rows if r["form"] == "argument"]
+    return {"function_index_always_0": _ratio(sum(g == 0 for g in index), len(index)),
+            "argument_always_null": _ratio(sum(g is None for g in args), len(args))}
+
+
 # --------------------------------------------------------------------------------------------- generation
 
 def greedy_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
@@ -178,30 +194,54 @@ def greedy_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int
     return tokenizer.batch_decode(new, skip_special_tokens=True)
 
 
-def run_waves(requests: dict[str, list[dict]], answer: Callable[[list[str]], list[str]]) -> tuple[dict, list[float]]:
-    """Answer each request's wave rows as one batch; ``(answers by row id, seconds per wave)``.
+def run_waves(requests: dict[str, list[dict]], answer: Callable[[list[str]], list[str]],
+              full_waves: dict[str, list[str]] | None = None) -> tuple[dict, list[float], list[int]]:
+    """Answer each request's wave as one batch; ``(answers by row id, seconds per wave, prompts per wave)``.
 
+    The wave is ``full_waves[request]`` when given (the runtime's full query set; each heldout function_index /
+    argument row takes the answer of its identical prompt in that batch), else the request's own
+    function_index + argument rows. A heldout row whose prompt is not in its full wave is a data bug: raises.
     The first wave is run twice and its first timing dropped (warm-up: allocator, kernels, caches).
     """
-    answers, seconds = {}, []
+    answers, seconds, sizes = {}, [], []
     for i, (rid, rows) in enumerate(requests.items()):
-        wave = [r for r in rows if r["form"] in WAVE_FORMS]
-        if not wave:
+        scored = [r for r in rows if r["form"] in WAVE_FORMS]
+        prompts = list(full_waves[rid]) if full_waves is not None else [r["prompt"] for r in scored]
+        if not prompts:
             continue
         if i == 0:
-            answer([r["prompt"] for r in wave])
+            answer(prompts)
         t0 = time.perf_counter()
-        texts = answer([r["prompt"] for r in wave])
+        texts = answer(prompts)
         seconds.append(time.perf_counter() - t0)
-        answers.update({r["id"]: t for r, t in zip(wave, texts)})
-    return answers, seconds
+        sizes.append(len(prompts))
+        by_prompt = dict(zip(prompts, texts))
+        for r in scored:
+            if r["prompt"] not in by_prompt:
+                raise ValueError(f"heldout row {r['id']!r}: its prompt is not in the full wave of request {rid!r} "
+                                 "(heldout_waves.jsonl and heldout.jsonl from different expand_slots runs?)")
+            answers[r["id"]] = by_prompt[r["prompt"]]
+    return answers, seconds, sizes
 
 
-def latency_summary(seconds: Sequence[float], wave_sizes: Sequence[int], threads: int) -> dict:
+def read_waves(path: str | os.PathLike, requests: Sequence[str]) -> dict[str, list[str]]:
+    """``request -> prompts`` from ``heldout_waves.jsonl`` for the given requests; a missing one raises."""
+    waves = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            w = json.loads(line)
+            waves[w["request"]] = w["prompts"]
+    missing = [r for r in requests if r not in waves]
+    if missing:
+        raise ValueError(f"{path}: no wave for {len(missing)} evaluated request(s), e.g. {missing[:3]}")
+    return {r: waves[r] for r in requests}
+
+
+def latency_summary(seconds: Sequence[float], wave_sizes: Sequence[int], threads: int, wave: str) -> dict:
     if not seconds:
         return {"waves": 0}
     ms = sorted(s * 1000 for s in seconds)
-    return {"waves": len(ms), "threads": threads, "median_ms": round(statistics.median(ms), 2),
+    return {"waves": len(ms), "wave": wave, "threads": threads, "median_ms": round(statistics.median(ms), 2),
             "p90_ms": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 2), "mean_ms": round(statistics.fmean(ms), 2),
             "median_wave_rows": statistics.median(wave_sizes), "max_wave_rows": max(wave_sizes)}
 
@@ -226,8 +266,11 @@ def load_sidecar(model_dir: Path, merge: bool, threads: int, dtype: str = ""):
 # --------------------------------------------------------------------------------------------- stage
 
 def run(params: EvalSidecarParams, heldout_path: str | os.PathLike, model_dir: str | os.PathLike,
-        metrics_path: str | os.PathLike) -> dict:
-    """Evaluate ``model_dir`` (a train_sidecar output) on held-out slot rows; write and return the metrics."""
+        metrics_path: str | os.PathLike, waves_path: str | os.PathLike | None = None) -> dict:
+    """Evaluate ``model_dir`` (a train_sidecar output) on held-out slot rows; write and return the metrics.
+
+    ``waves_path``: ``heldout_waves.jsonl`` of expand_slots; the timed wave is then the runtime's full one.
+    """
     import torch
 
     if params.threads > 0:
@@ -241,12 +284,12 @@ def run(params: EvalSidecarParams, heldout_path: str | os.PathLike, model_dir: s
     def answer(prompts: list[str]) -> list[str]:
         return greedy_answers(model, tok, prompts, params.max_new_tokens)
 
-    answers, seconds = run_waves(requests, answer)
+    full = read_waves(waves_path, list(requests)) if waves_path is not None else None
+    answers, seconds, sizes = run_waves(requests, answer, full)
     direct = [r for r in rows if r["form"] == "direct_call"]
     for i in range(0, len(direct), params.direct_call_batch):
         chunk = direct[i:i + params.direct_call_batch]
         answers.update(zip([r["id"] for r in chunk], answer([r["prompt"] for r in chunk])))
-    sizes = [sum(r["form"] in WAVE_FORMS for r in rs) for rs in requests.values()]
     metrics = {
         "base": recipe.base,
         "base_model_id": recipe.base_model_id,
@@ -255,7 +298,9 @@ def run(params: EvalSidecarParams, heldout_path: str | os.PathLike, model_dir: s
         "requests_available": len(group_requests(all_rows)),
         "rows": len(rows),
         **score(rows, answers),
-        "latency": latency_summary(seconds, [s for s in sizes if s], torch.get_num_threads()),
+        "baselines": trivial_baselines(rows),
+        "latency": latency_summary(seconds, sizes, torch.get_num_threads(),
+                                   "full" if full is not None else "heldout_rows"),
         "anchor": ANCHOR,
         "params": as_dict(params),
     }
@@ -268,15 +313,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="train_sidecar output (models/sidecar)")
     parser.add_argument("metrics", help="metrics JSON (metrics/eval_sidecar.json)")
     parser.add_argument("--params", default="params.yaml", help="params file (section eval_sidecar)")
+    parser.add_argument("--max-heldout-requests", type=int, default=None,
+                        help="override params' max_heldout_requests (0 = all)")
+    parser.add_argument("--waves", default=None,
+                        help="data/slots/heldout_waves.jsonl: time the runtime's full wave (default: heldout rows)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     params = load_section(EvalSidecarParams, "eval_sidecar", Path(args.params))
-    m = run(params, args.heldout, args.model_dir, args.metrics)
+    if args.max_heldout_requests is not None:
+        params = dataclasses.replace(params, max_heldout_requests=args.max_heldout_requests)
+    m = run(params, args.heldout, args.model_dir, args.metrics, args.waves)
     print(f"eval_sidecar: {m['requests']} requests; function acc {m['function_index']['accuracy']}, "
           f"argument EM {m['argument']['exact_match']}, direct-call EM {m['direct_call']['exact_match']}, "
-          f"wave latency median {m['latency'].get('median_ms')} ms @ {params.threads} thread(s)")
+          f"{m['latency'].get('wave')} wave latency median {m['latency'].get('median_ms')} ms @ {params.threads} thread(s)")
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import atomic_write_text, write_json
 

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import jsonschema
 from jsonschema import Draft202012Validator
+from tqdm import tqdm
+
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import (
     atomic_write_text,
@@ -44,7 +46,6 @@ from ooospec.pipelines.records import (
     write_jsonl,
 )
 from ooospec.runtime import formats
-from tqdm import tqdm
 
 UNPARSEABLE = "unparseable"
 UNKNOWN_TOOL = "unknown_tool"

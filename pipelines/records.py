@@ -25,9 +25,10 @@ import json
 import os
 import tempfile
 import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import jsonschema
 from jsonschema import Draft202012Validator

@@ -135,8 +135,9 @@ class TransformersBackend:
     batch_size = 1
 
     def __init__(self, params: TeacherParams):
-        from ooospec.runtime.models import load_target
         from transformers import GenerationConfig
+
+        from ooospec.runtime.models import load_target
 
         self.model, self.tok = load_target(params.model, dtype=params.dtype, threads=params.threads)
         self.fmt = _format(params.format, self.tok)
@@ -188,8 +189,9 @@ class VLLMBackend:
     """Offline ``vllm.LLM``; prompts rendered here with the teacher's template, passed as token ids."""
 
     def __init__(self, params: TeacherParams):
-        from ooospec.runtime.models import REGISTRY, fetch
         from vllm import LLM, SamplingParams  # GPU extra: pip install 'ooo-spec[gpu]'
+
+        from ooospec.runtime.models import REGISTRY, fetch
 
         model = str(fetch(params.model)) if params.model in REGISTRY else params.model
         self.llm = LLM(model=model, tensor_parallel_size=params.tensor_parallel_size, seed=params.seed,

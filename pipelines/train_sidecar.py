@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import atomic_write_text, canonical_json, read_jsonl, sha256_file, write_json
 
@@ -492,6 +493,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metrics", help="metrics JSON (metrics/train_sidecar.json)")
     parser.add_argument("--params", default="params.yaml", help="params file (section train_sidecar)")
     parser.add_argument("--recipe", default=None, help="override params' recipe (e.g. recipes/gpu_qwen3_0.6b.yaml)")
+    parser.add_argument("--max-train-rows", type=int, default=None, help="override params' max_train_rows (0 = all)")
+    parser.add_argument("--threads", type=int, default=None, help="override params' threads")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -499,6 +502,10 @@ def run_cli(args: argparse.Namespace) -> int:
     params = load_section(TrainSidecarParams, "train_sidecar", Path(args.params))
     if args.recipe:
         params = dataclasses.replace(params, recipe=args.recipe)
+    if args.max_train_rows is not None:
+        params = dataclasses.replace(params, max_train_rows=args.max_train_rows)
+    if args.threads is not None:
+        params = dataclasses.replace(params, threads=args.threads)
     m = run(params, args.train, args.out_dir, args.metrics)
     print(f"train_sidecar: {m['rows']['trained']} rows, {m['steps']} steps, loss {m['final_loss']}, "
           f"{m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")

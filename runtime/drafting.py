@@ -11,8 +11,9 @@ the tree ``root(9) -> 7 -> {3 -> 3, 4}`` (4 nodes under the root) and verifies i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from transformers import PreTrainedModel
+
 from ooospec.runtime.drafting import DraftContext, Drafter
 from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.tree import build_tree
 from ooospec.runtime.verify import accept_greedy, default_tie_margin
-from transformers import PreTrainedModel
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
 

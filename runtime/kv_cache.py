@@ -36,9 +36,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from ooospec.runtime.tree import DraftTree, causal_mask, tree_mask, tree_positions
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
+
+from ooospec.runtime.tree import DraftTree, causal_mask, tree_mask, tree_positions
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from transformers import PreTrainedModel
+
 from ooospec.runtime.drafting import Drafter
 from ooospec.runtime.engine import SpecEngine
 from ooospec.runtime.pld import PromptLookupDrafter
-from transformers import PreTrainedModel
 
 
 def make_engine(model: PreTrainedModel, drafters: Sequence[Drafter], **engine_kwargs) -> SpecEngine:

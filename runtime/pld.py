@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
 from ooospec.runtime.drafting import DraftContext
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from ooospec.runtime.tree import DraftTree
 
 

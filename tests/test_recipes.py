@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ooospec.pipelines.train_sidecar import Recipe, TrainSidecarParams, load_recipe, recipe_from_dict
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
+
 from ooospec.pipelines.records import MALFORMED_RECORD, Reject, call, make_record, tool
 
 SOURCE = "bfcl"

@@ -6,9 +6,10 @@ import json
 
 import pytest
 import torch
+from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
+
 from ooospec.pipelines import eval_sidecar as ev
 from ooospec.pipelines import train_sidecar as ts
-from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
 torch.set_num_threads(1)
 
@@ -55,6 +56,13 @@ def test_imperfect_predictor_counts_each_error_once(rows):
         rid("Calculator-7#1", "argument", "AddAlarm", "time"), rid("OpenLibrary-2", "argument", "searchBooks", "limit")}
 
 
+def test_trivial_baselines_are_constant_answers_scored(rows):
+    b = ev.trivial_baselines(rows)
+    assert b["argument_always_null"] == ev.score(rows, {r["id"]: "null" for r in rows})["argument"]["exact_match"]
+    assert b["function_index_always_0"] == ev.score(rows, {r["id"]: "0" for r in rows})["function_index"]["accuracy"]
+    assert b == {"function_index_always_0": round(2 / 3, 6), "argument_always_null": round(5 / 11, 6)}
+
+
 def test_missing_prediction_is_an_error(rows):
     with pytest.raises(ValueError, match="no prediction for 1 row"):
         ev.score(rows, {r["id"]: r["completion"] for r in rows[1:]})
@@ -68,12 +76,43 @@ def test_each_wave_is_one_requests_index_and_argument_rows(rows):
         return ["0"] * len(prompts)
 
     requests = ev.group_requests(rows)
-    answers, seconds = ev.run_waves(requests, answer)
+    answers, seconds, sizes = ev.run_waves(requests, answer)
     assert len(seconds) == 3 and len(batches) == 4  # the first wave once more, as warm-up
+    assert sizes == [len(b) for b in batches[1:]]
     assert batches[0] == batches[1]
     for batch, (rid, rs) in zip(batches[1:], requests.items()):
         assert batch == [r["prompt"] for r in rs if r["form"] != "direct_call"]
     assert set(answers) == {r["id"] for r in rows if r["form"] != "direct_call"}
+
+
+def test_full_waves_are_timed_and_score_the_rows_of_the_same_batch(rows):
+    requests = ev.group_requests(rows)
+    extra = "Task: argument\nan uncapped null query\n"
+    full = {rid: [extra] + [r["prompt"] for r in rs if r["form"] != "direct_call"][::-1]
+            for rid, rs in requests.items()}
+    batches = []
+
+    def answer(prompts):  # each prompt answered by its position: row answers must follow their own prompt
+        batches.append(list(prompts))
+        return [str(i) for i in range(len(prompts))]
+
+    answers, _, sizes = ev.run_waves(requests, answer, full)
+    assert batches[1:] == list(full.values()) and sizes == [len(w) for w in full.values()]
+    for rid, rs in requests.items():
+        for r in rs:
+            if r["form"] != "direct_call":
+                assert answers[r["id"]] == str(full[rid].index(r["prompt"]))
+    broken = {rid: w[:1] for rid, w in full.items()}
+    with pytest.raises(ValueError, match="not in the full wave"):
+        ev.run_waves(requests, answer, broken)
+
+
+def test_read_waves_names_a_missing_request(tmp_path):
+    path = tmp_path / "waves.jsonl"
+    path.write_text(json.dumps({"request": "r#0", "record_id": "r", "prompts": ["p"]}) + "\n")
+    assert ev.read_waves(path, ["r#0"]) == {"r#0": ["p"]}
+    with pytest.raises(ValueError, match="no wave for 1 evaluated request"):
+        ev.read_waves(path, ["r#0", "s#1"])
 
 
 def test_request_key_splits_records_by_call():
@@ -111,4 +150,15 @@ def test_run_end_to_end_on_a_tiny_sidecar(tmp_path):
     assert m["rows"] == m["function_index"]["n"] + m["argument"]["n"] + m["direct_call"]["n"]
     assert m["function_index"]["n"] == 2
     assert m["latency"]["waves"] == 2 and m["latency"]["threads"] == 1 and m["latency"]["median_ms"] > 0
+    assert m["latency"]["wave"] == "heldout_rows"
+    # with the runtime's full waves: same rows scored, bigger timed batches
+    requests = ev.group_requests(ts.read_slot_rows(FIXTURE))
+    waves = tmp_path / "waves.jsonl"
+    waves.write_text("".join(json.dumps({"request": rid, "record_id": rs[0]["record_id"],
+                                         "prompts": [r["prompt"] for r in rs if r["form"] != "direct_call"]
+                                         + ["Task: argument\nextra null query\n"]}) + "\n"
+                             for rid, rs in requests.items()))
+    full = ev.run(params, FIXTURE, tmp_path / "sidecar", tmp_path / "full.json", waves_path=waves)
+    assert full["latency"]["wave"] == "full" and full["rows"] == m["rows"]
+    assert full["latency"]["max_wave_rows"] == m["latency"]["max_wave_rows"] + 1
     assert m["anchor"]["function_index_accuracy"] == 0.963

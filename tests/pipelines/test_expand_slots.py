@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ooospec.pipelines import expand_slots, normalize, teacher
 from ooospec.pipelines.records import read_jsonl
 from ooospec.runtime import sidecar_prompts as sp
@@ -112,8 +113,21 @@ def test_stage_end_to_end_from_gold_teacher(tmp_path):
     params = expand_slots.ExpandSlotsParams(heldout_fraction=0.3, max_null_per_record=None)
     out = [tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"]
     stats = expand_slots.run(params, calls, *out, metrics_path=tmp_path / "m.json",
-                             card_path=tmp_path / "slots.md")
+                             card_path=tmp_path / "slots.md", waves_path=tmp_path / "waves.jsonl")
     train, heldout = (list(read_jsonl(p)) for p in out)
+    # one full wave per heldout request: the index query + every function x parameter, holding every
+    # heldout function_index / argument row's prompt
+    waves = {w["request"]: w["prompts"] for w in read_jsonl(tmp_path / "waves.jsonl")}
+    held_records = {rec_id: rec for rec_id, rec in RECORDS.items() if expand_slots.split_of(rec, 0.3) == "heldout"}
+    assert held_records and len(waves) == sum(len(rec["calls"]) for rec in held_records.values())
+    for rec_id, rec in held_records.items():
+        n = 1 + sum(len(t["function"]["parameters"]["properties"]) for t in rec["tools"])
+        assert all(len(waves[f"{rec_id}#{k}"]) == n for k in range(len(rec["calls"])))
+    for r in heldout:
+        if r["form"] != "direct_call":
+            assert r["prompt"] in waves[r["id"].split("/" + r["form"])[0]]
+    assert stats["heldout_waves"]["requests"] == len(waves)
+    assert "Heldout waves" in (tmp_path / "slots.md").read_text()
     for rows in (train, heldout):
         assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
         assert all(set(r) == {"id", "record_id", "form", "function", "parameter", "prompt", "completion"}
@@ -154,7 +168,8 @@ def test_cli_chain_reads_each_params_section(tmp_path):
                      "--card", str(t / "normalize.md")]) == 0
     assert cli.main(["expand-slots", str(t / "calls.jsonl"), str(t / "train.jsonl"), str(t / "heldout.jsonl"),
                      "--params", str(params), "--metrics", str(t / "slots.json"),
-                     "--card", str(t / "slots.md")]) == 0
+                     "--card", str(t / "slots.md"), "--waves", str(t / "waves.jsonl")]) == 0
+    assert (t / "waves.jsonl").read_text() == ""  # heldout_fraction 0: no heldout request
     rows = list(read_jsonl(t / "train.jsonl"))
     assert len({r["record_id"] for r in rows}) == 5 and (t / "heldout.jsonl").read_text() == ""
     assert rows and all(r["form"] == "argument" and r["completion"] != "null" for r in rows)

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 import yaml
+from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
+
 from ooospec.pipelines import export_adapter as ex
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.params import as_dict
-from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
 torch.set_num_threads(1)
 

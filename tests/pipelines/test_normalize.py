@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ooospec.pipelines import normalize, teacher
 from ooospec.pipelines.records import read_jsonl, validate_record, write_jsonl
 

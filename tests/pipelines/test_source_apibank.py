@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import apibank as A
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import toolalpaca as T
 

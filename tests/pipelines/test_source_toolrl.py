@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import pytypes as P
 from ooospec.pipelines.sources import toolrl as T

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from ooospec.pipelines import teacher
 from ooospec.pipelines.records import read_jsonl
 from ooospec.runtime import formats

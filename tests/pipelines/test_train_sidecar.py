@@ -6,9 +6,10 @@ import json
 
 import pytest
 import torch
-from ooospec.pipelines import train_sidecar as ts
 from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
+
+from ooospec.pipelines import train_sidecar as ts
 
 torch.set_num_threads(1)
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers.cache_utils import DynamicCache
+
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.kv_cache import KVCache, attention_windows
 from ooospec.runtime.methods import METHODS, make_engine
 from ooospec.runtime.metrics import acceptance_rate, classify_mismatch, mean_accepted_tokens
 from ooospec.runtime.tree import build_tree
-from transformers.cache_utils import DynamicCache
 
 VOCAB = 300
 

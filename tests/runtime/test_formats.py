@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from toy_bpe import CHATML_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
+
 from ooospec.runtime.formats import (
     FORMATS,
     detect_format,
@@ -14,7 +16,6 @@ from ooospec.runtime.formats import (
     parse_any,
     plain_json,
 )
-from toy_bpe import CHATML_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
 
 TOOLS = [
     {"type": "function", "function": {

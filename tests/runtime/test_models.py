@@ -11,6 +11,7 @@ import subprocess
 import zipfile
 
 import pytest
+
 from ooospec.runtime import models
 from ooospec.runtime.models import (
     REGISTRY,

@@ -1,6 +1,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.pld import PromptLookupDrafter, lookup
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.retrieval import CallBank, RetrievalDrafter
 

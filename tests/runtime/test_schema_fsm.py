@@ -7,10 +7,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from toy_bpe import toy_bpe
+
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.formats import hermes, llama3_json, plain_json
 from ooospec.runtime.schema_fsm import CallGrammar, SchemaFSMDrafter, parse_state, tokens_in_context
-from toy_bpe import toy_bpe
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -196,8 +197,9 @@ QWEN_HF = Path("~/.cache/ooospec/models/qwen2.5-coder-0.5b/hf").expanduser()
 @pytest.mark.skipif(not (QWEN_HF / "DONE").is_file(), reason="qwen2.5-coder-0.5b not in the model cache")
 def test_real_qwen_output_is_mostly_drafted():
     """The measured Qwen2.5-Coder-0.5B output: every structural token is drafted in context, exactly."""
-    from ooospec.runtime.formats import detect_format
     from transformers import AutoTokenizer
+
+    from ooospec.runtime.formats import detect_format
 
     tok = AutoTokenizer.from_pretrained(QWEN_HF)
     tools = [{"name": "QueryStock", "parameters": {"type": "object", "properties": {

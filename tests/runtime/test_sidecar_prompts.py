@@ -1,6 +1,7 @@
 """The sidecar prompt builder: literal views, the wave's query set, answer parsing and joining."""
 
 import pytest
+
 from ooospec.runtime import sidecar_prompts as sp
 
 WEATHER = {"type": "function", "function": {

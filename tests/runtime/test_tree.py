@@ -1,6 +1,7 @@
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from ooospec.runtime.tree import (
     ancestor_matrix,
     build_tree,

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from ooospec.runtime.engine import GenerationResult, StepStats, merge_candidates
 from ooospec.runtime.metrics import (
     acceptance_rate,

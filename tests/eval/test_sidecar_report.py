@@ -1,0 +1,49 @@
+"""eval/sidecar_report.py on hand-made metrics: run specs, the table's values and the PNG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ooospec.eval import sidecar_report as sr
+
+
+def metrics(base: str, fn_acc: float, median_ms: float) -> tuple[dict, dict]:
+    train = {"base": base, "rows": {"trained": 100}, "train_seconds": 300.0, "train_cpu_seconds": 250.0,
+             "threads": 1, "final_loss": 0.5}
+    ev = {"base": base, "requests": 24,
+          "function_index": {"accuracy": fn_acc}, "baselines": {"function_index_always_0": 0.5}, "argument": {"exact_match": 0.75, "exact_match_non_null": 0.5},
+          "null": {"precision": 0.9, "recall": None}, "direct_call": {"exact_match": 0.25},
+          "latency": {"wave": "full", "threads": 1, "median_ms": median_ms, "p90_ms": 2 * median_ms,
+                      "median_wave_rows": 9}}
+    return train, ev
+
+
+def test_parse_run_names_a_malformed_spec():
+    assert sr.parse_run("a=t.json,e.json") == ("a", sr.Path("t.json"), sr.Path("e.json"))
+    for bad in ("a", "a=t.json", "=t.json,e.json", "a=t.json,"):
+        with pytest.raises(ValueError, match="LABEL=TRAIN"):
+            sr.parse_run(bad)
+
+
+def test_table_one_row_per_run_with_formatted_values():
+    text = sr.table([("small", *metrics("smollm2-135m", 0.625, 1500.0)), ("big", *metrics("qwen", 1.0, 4000.0))])
+    lines = text.splitlines()
+    assert lines[0].startswith("| run | base | rows trained")
+    small, big = lines[2], lines[3]
+    assert small.startswith("| small | smollm2-135m | 100 | 300 | 1 | 2.50 | 0.500 | 62.5% | 50.0% | 75.0% | - | 50.0% |")
+    assert "| 0.90 | - |" in small  # null recall missing -> "-"
+    assert small.endswith("| 24 | full | 9 | 1.50 | 3.00 |") and big.endswith("| 24 | full | 9 | 4.00 | 8.00 |")
+
+
+def test_cli_writes_table_and_png(tmp_path):
+    specs = []
+    for label, fn_acc, ms in (("a", 0.5, 1000.0), ("b", 0.9, 3000.0)):
+        train, ev = metrics(label, fn_acc, ms)
+        (tmp_path / f"{label}.train.json").write_text(json.dumps(train))
+        (tmp_path / f"{label}.eval.json").write_text(json.dumps(ev))
+        specs.append(f"{label}={tmp_path / f'{label}.train.json'},{tmp_path / f'{label}.eval.json'}")
+    assert sr.main([*specs, "--out-dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "table.md").read_text().count("\n") == 4
+    assert (tmp_path / "out" / "sidecar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
