@@ -4,9 +4,9 @@ Each run is the pair of metrics files that ``train_sidecar`` and ``eval_sidecar`
 
     python -m ooospec.eval.sidecar_report \
         smollm2-540=runs/s540.train.json,runs/s540.eval.json \
-        qwen0.5b-210=runs/q210.train.json,runs/q210.eval.json --out-dir reports/sidecar
+        qwen0.5b-210=runs/q210.train.json,runs/q210.eval.json --out-dir eval/reports/sidecar
 
-writes ``reports/sidecar/table.md`` (one row per run) and ``reports/sidecar/sidecar.png`` (x: median wave
+writes ``eval/reports/sidecar/table.md`` (one row per run) and ``eval/reports/sidecar/sidecar.png`` (x: median wave
 latency, y: function-index accuracy and non-null argument exact match). The ``(always 0)`` / ``(always null)``
 columns are what a constant answer scores on the same rows (``eval_sidecar``'s ``baselines``): a sidecar below
 them has learned the answer format, not the task. Pure reading of the JSON files.
@@ -108,7 +108,7 @@ def plot(runs: list[tuple[str, dict, dict]], path: Path) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="LABEL=TRAIN.json,EVAL.json",
                         help="metrics of train_sidecar and eval_sidecar for one run")
-    parser.add_argument("--out-dir", type=Path, default=Path("reports/sidecar"))
+    parser.add_argument("--out-dir", type=Path, default=Path("eval/reports/sidecar"))
 
 
 def run_cli(args: argparse.Namespace) -> int:
