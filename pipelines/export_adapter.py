@@ -102,20 +102,26 @@ def eval_section(ev: dict | None) -> str:
         return "_No offline evaluation yet (run the `eval_sidecar` stage)._"
     lat = ev.get("latency", {})
     anchor = ev.get("anchor", {})
+    floor = ev.get("baselines", {})
+    wave = {"full": "the runtime's full wave", "heldout_rows": "heldout rows"}.get(lat.get("wave"), "wave")
     return "\n".join([
-        f"Held-out slot rows: {ev.get('rows')} rows from {ev.get('requests')} requests, greedy decoding.",
+        (f"Held-out slot rows: {ev.get('rows')} rows from {ev.get('requests')} requests, greedy decoding. "
+         "A constant answer scores the third column on the same rows: below it, the adapter has learned the "
+         "answer format but not the task."),
         "",
-        "| metric | this adapter | public reproduction (Qwen3-0.6B, GPU) |",
-        "|---|---|---|",
+        "| metric | this adapter | constant answer (same rows) | public reproduction (Qwen3-0.6B, GPU) |",
+        "|---|---|---|---|",
         (f"| function-index accuracy | {_pct(ev['function_index']['accuracy'])} "
+         f"| {_pct(floor.get('function_index_always_0'))} (always 0) "
          f"| {_pct(anchor.get('function_index_accuracy'))} |"),
         (f"| argument exact match | {_pct(ev['argument']['exact_match'])} "
+         f"| {_pct(floor.get('argument_always_null'))} (always null) "
          f"| {_pct(anchor.get('argument_exact_match'))} |"),
-        f"| argument exact match (non-null gold) | {_pct(ev['argument'].get('exact_match_non_null'))} | |",
-        f"| direct-call exact match | {_pct(ev['direct_call']['exact_match'])} | |",
-        f"| null precision / recall | {_pct(ev['null']['precision'])} / {_pct(ev['null']['recall'])} | |",
-        (f"| slot-wave latency, median (CPU, {lat.get('threads')} thread) | {lat.get('median_ms')} ms "
-         f"({lat.get('median_wave_rows')} rows per wave) | |"),
+        f"| argument exact match (non-null gold) | {_pct(ev['argument'].get('exact_match_non_null'))} | | |",
+        f"| direct-call exact match | {_pct(ev['direct_call']['exact_match'])} | | |",
+        f"| null precision / recall | {_pct(ev['null']['precision'])} / {_pct(ev['null']['recall'])} | | |",
+        (f"| slot-wave latency, median (CPU, {lat.get('threads')} thread, {wave}) | {lat.get('median_ms')} ms "
+         f"({lat.get('median_wave_rows')} rows per wave) | | |"),
     ])
 
 

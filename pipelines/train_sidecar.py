@@ -374,6 +374,32 @@ def prepare_checkpoints(ckpt_dir: Path, fingerprint: str, resume: bool) -> Path 
     return ckpt
 
 
+def _checkpoint_step(ckpt: Path) -> int:
+    return int(ckpt.name.rsplit("-", 1)[1])
+
+
+def checkpoint_is_final(ckpt: Path) -> bool:
+    """True when ``ckpt`` was saved at the run's last step (its ``trainer_state.json`` says so)."""
+    state_file = ckpt / "trainer_state.json"
+    if not state_file.is_file():
+        return False
+    state = json.loads(state_file.read_text())
+    return state.get("max_steps", 0) > 0 and state.get("global_step", 0) >= state["max_steps"]
+
+
+def load_final_checkpoint(trainer, ckpt: Path) -> None:
+    """Put a finished run's adapter weights and trainer state (step, epoch, loss log) into ``trainer``."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+
+    result = set_peft_model_state_dict(trainer.model, load_file(ckpt / "adapter_model.safetensors"))
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise ValueError(f"{ckpt}: adapter weights do not fit the model (e.g. {unexpected[:3]})")
+    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
+
+
 # ------------------------------------------------------------------------------------------------ metrics
 
 def loss_curve(log_history: list[dict]) -> list[dict]:
@@ -434,8 +460,17 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     trainer = build_trainer(model, tok, rows, recipe, ckpt_dir, params.seed)
     trained_tokens = sum(sum(1 for t in labels if t != -100) for labels in trainer.train_dataset["labels"])
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
-    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if resume_from is not None and checkpoint_is_final(resume_from):
+        # the run already finished: Trainer would step once more past max_steps on such a resume (seen with
+        # transformers 5.24 when max_steps ends mid-epoch), so load the final weights and train nothing
+        logger.info("%s is the final checkpoint of this run: nothing to train", resume_from)
+        load_final_checkpoint(trainer, resume_from)
+        training_loss = None
+    else:
+        training_loss = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).training_loss
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
+    start_step = _checkpoint_step(resume_from) if resume_from else 0
+    steps_this_run = trainer.state.global_step - start_step
     curve = loss_curve(trainer.state.log_history)
 
     metrics = {
@@ -448,7 +483,9 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch or 0.0, 4),
         "resumed_from": resume_from.name if resume_from else None,
-        "train_loss": round(result.training_loss, 6),
+        "steps_this_run": steps_this_run,  # train_loss / seconds below cover only these steps
+        # a resume from the final checkpoint trains nothing: no loss to report (the curve keeps the old ones)
+        "train_loss": round(training_loss, 6) if steps_this_run and training_loss is not None else None,
         "final_loss": curve[-1]["loss"] if curve else None,
         "loss_curve": curve,
         "train_seconds": round(wall, 2),

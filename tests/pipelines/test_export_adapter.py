@@ -38,7 +38,8 @@ def trained(tmp_path_factory):
         {"rows": 17, "requests": 3, "function_index": {"accuracy": 0.5}, "argument": {"exact_match": 0.25,
          "exact_match_non_null": 0.125}, "direct_call": {"exact_match": 0.0},
          "null": {"precision": 0.75, "recall": 1.0}, "latency": {"threads": 1, "median_ms": 12.5,
-         "median_wave_rows": 4}, "anchor": {"function_index_accuracy": 0.963, "argument_exact_match": 0.861}}))
+         "median_wave_rows": 4, "wave": "full"}, "baselines": {"function_index_always_0": 0.625,
+         "argument_always_null": 0.5}, "anchor": {"function_index_accuracy": 0.963, "argument_exact_match": 0.861}}))
     probe = torch.tensor([list(rows[1]["prompt"].encode())[:64]])
     model = trainer.model.to("cpu").eval()  # the trainer may have moved it to a GPU; compare on CPU
     with torch.no_grad():
@@ -82,8 +83,9 @@ def test_model_card_front_matter_and_sections(trained):
     assert front["base_model"] == "tiny/llama-test" and front["library_name"] == "peft"
     assert front["license"] == "apache-2.0" and "lora" in front["tags"]
     for needle in ("PeftModel.from_pretrained", "CC-BY-4.0", "xLAM", "Apache-2.0", "| rows trained | 17 |",
-                   "| function-index accuracy | 50.0% | 96.3% |", "| argument exact match | 25.0% | 86.1% |",
-                   "12.5 ms", "lora_r: 4"):
+                   "| function-index accuracy | 50.0% | 62.5% (always 0) | 96.3% |",
+                   "| argument exact match | 25.0% | 50.0% (always null) | 86.1% |",
+                   "1 thread, the runtime's full wave) | 12.5 ms", "lora_r: 4"):
         assert needle in text, needle
 
 

@@ -65,7 +65,8 @@ def test_run_writes_adapter_metrics_and_resume_reproduces_the_uninterrupted_run(
 
     m1 = ts.run(params, FIXTURE, out, metrics_path, recipe=recipe)
     assert json.loads(metrics_path.read_text()) == m1
-    assert m1["steps"] == 4 and m1["resumed_from"] is None
+    assert m1["steps"] == 4 and m1["resumed_from"] is None and m1["steps_this_run"] == 4
+    assert m1["train_loss"] > 0
     assert m1["rows"]["selected"] == 12 and m1["rows"]["trained"] == 12
     assert sum(m1["rows"]["by_form"].values()) == 12
     assert [p["step"] for p in m1["loss_curve"]] == [1, 2, 3, 4]
@@ -79,11 +80,18 @@ def test_run_writes_adapter_metrics_and_resume_reproduces_the_uninterrupted_run(
     import shutil
     shutil.rmtree(out / "checkpoints" / "checkpoint-4")
     m2 = ts.run(params, FIXTURE, out, metrics_path, recipe=recipe)
-    assert m2["resumed_from"] == "checkpoint-2" and m2["steps"] == 4
+    assert m2["resumed_from"] == "checkpoint-2" and m2["steps"] == 4 and m2["steps_this_run"] == 2
     w_resumed = load_file(out / "adapter" / "adapter_model.safetensors")
     assert w_full.keys() == w_resumed.keys()
     for k in w_full:
         torch.testing.assert_close(w_resumed[k], w_full[k], rtol=1e-5, atol=1e-6, msg=k)
+
+    # rerun after a finished run: resumes from the last checkpoint, trains nothing, reports no loss
+    m3 = ts.run(params, FIXTURE, out, metrics_path, recipe=recipe)
+    assert m3["resumed_from"] == "checkpoint-4" and m3["steps_this_run"] == 0 and m3["train_loss"] is None
+    assert [p["step"] for p in m3["loss_curve"]] == [1, 2, 3, 4]
+    w_again = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(w_again[k], w_resumed[k]) for k in w_full)
 
 
 def test_checkpoints_of_another_run_are_not_resumed(tmp_path):
