@@ -348,11 +348,16 @@ def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str) -
                                           "data": data_sha}).encode()).hexdigest()
 
 
+def _checkpoint_step(ckpt: Path) -> int:
+    """``checkpoint-12`` -> 12."""
+    return int(ckpt.name.rsplit("-", 1)[1])
+
+
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The ``checkpoint-<step>`` folder with the highest step, or None."""
     if not ckpt_dir.is_dir():
         return None
-    found = [(int(p.name.split("-")[1]), p) for p in ckpt_dir.glob("checkpoint-*")
+    found = [(_checkpoint_step(p), p) for p in ckpt_dir.glob("checkpoint-*")
              if p.is_dir() and p.name.split("-")[1].isdigit()]
     return max(found)[1] if found else None
 
@@ -372,10 +377,6 @@ def prepare_checkpoints(ckpt_dir: Path, fingerprint: str, resume: bool) -> Path 
     if ckpt is not None:
         logger.info("resuming from %s", ckpt)
     return ckpt
-
-
-def _checkpoint_step(ckpt: Path) -> int:
-    return int(ckpt.name.rsplit("-", 1)[1])
 
 
 def checkpoint_is_final(ckpt: Path) -> bool:
