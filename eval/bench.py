@@ -3,7 +3,11 @@
 Run as::
 
     ooospec bench --target qwen2.5-coder-0.5b --dataset apibank-l1 --methods ar,pld,toolspec,hf-pld \\
-        --limit 30 --threads 2 --dtype bf16 --out results.json [--report-dir reports/bench]
+        --limit 30 [--threads auto] [--dtype auto] [--out results/bench.json] [--report-dir reports/bench]
+
+``--dtype auto`` (default) takes bf16 only where the CPU multiplies it natively and a probe finds it faster, fp32
+otherwise (:func:`ooospec.runtime.hardware.resolve_dtype`); ``--threads auto`` (default) the cores this process may
+use. Both choices and their reasons go into ``env`` of the results JSON.
 
 What is measured. Every method decodes the same prompts (the record rendered through the target's chat template
 with its tools, ``fmt.render_prompt``) with the same stop rule -- EOS, the end of the tool call
@@ -15,22 +19,31 @@ that is then thrown away, so a method that learns from earlier calls (retrieval)
 
 Per example and method (one row of ``examples``): wall time of the whole call (``time_s``, prefill + decode,
 measured by the harness around the call), ``prefill_s`` / ``decode_s`` (reported by the method), new tokens,
-target forwards (those that produce output tokens), #MAT (tokens / forwards, bonus included, as in
-:mod:`ooospec.runtime.metrics`), per-forward tree sizes, and whether the tokens equal ``ar``'s (``exact``) and
+target forwards (those that produce output tokens), #MAT, per-forward tree sizes (and, for engine methods, the
+draft nodes proposed before the tree policy chose), and whether the tokens equal ``ar``'s (``exact``) and
 stock ``model.generate`` greedy's (``exact_hf``, the ``hf-greedy`` reference, run for every example). A
 mismatch with ``ar`` is located and classified by :func:`ooospec.runtime.metrics.classify_mismatch` with AR's
 recorded top-2 logit margins: ``near_tie`` (margin within bf16 rounding, :func:`default_tie_margin`) or
 ``defect``.
 
-Per method (``methods[name]``): ``n``, ``mean_s``, ``median_s``, ``speedup`` (mean AR time / mean time),
-``speedup_median`` (median over examples of AR time / time), ``decode_speedup`` (mean AR decode / mean decode),
-``mat``, ``exact_rate``, ``exact_hf_rate``, ``near_ties``, ``defects`` and a few more (see :func:`summarize`).
+Per method (``methods[name]``): ``n``, ``mean_s``, ``median_s``, ``speedup``, ``speedup_median``,
+``decode_speedup``, ``mat``, ``mean_tree_size``, ``exact_rate``, ``exact_hf_rate``, ``near_ties``, ``defects`` and
+a few more (see :func:`summarize`); every metric as defined in :mod:`ooospec.runtime.metrics`.
+
+The roofline. ``env.roofline`` holds the CPU, its ISA flags that matter, and this machine's measured roofs for the
+run's dtype and threads (:func:`ooospec.runtime.hardware.roofline`, cached): peak matmul FLOP/s and memory bytes/s.
+Each method's summary has the target's achieved ``prefill_flops_per_s`` and ``decode_bytes_per_s``
+(:func:`ooospec.runtime.metrics.prefill_flops`, :func:`~ooospec.runtime.metrics.decode_bytes`) and their
+fractions of those roofs (``prefill_peak_frac``, ``decode_peak_frac``).
+
+Methods: ``ar``, ``pld``, ``toolspec`` run on the engine with the budget tree policy; ``pld-fixed`` and
+``toolspec-fixed`` are the same drafters with the fixed 32-node budget (``policy="fixed"``), for comparison.
 
 ``--out`` is rewritten after every example with ``"partial": true`` (the rows so far and their summary), and a
 last time with ``"partial": false``; a run that is stopped early keeps what it measured.
 
-A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult`` (see :func:`build_methods`):
-engine methods (``ar``, ``pld``, ``toolspec``) and the HF peers of :mod:`ooospec.eval.peers`.
+A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult`` (:mod:`ooospec.eval.method_api`,
+built by :func:`build_methods`): engine methods and the HF peers of :mod:`ooospec.eval.peers`.
 """
 
 from __future__ import annotations
@@ -47,64 +60,33 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from ooospec.eval import report
-from ooospec.pipelines.records import read_jsonl, validate_record, write_json
-from ooospec.runtime.metrics import classify_mismatch
+from ooospec.eval import peers, report
+from ooospec.eval.method_api import BenchContext, MethodFactory, MethodFn, MethodResult
+from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS, summarize_hints
+from ooospec.pipelines.records import iter_jsonl, validate_record, write_json
+from ooospec.runtime import hardware, metrics
+from ooospec.runtime.cost_model import Footprint, footprint
 from ooospec.runtime.verify import default_tie_margin
 
 logger = logging.getLogger(__name__)
 
 BASELINE = "ar"
 HF_REFERENCE = "hf-greedy"
-ENGINE_METHODS = ("ar", "pld", "toolspec")
+ENGINE_METHODS = ("ar", "pld", "toolspec", "pld-fixed", "toolspec-fixed", "ooospec", "ooospec-gold")
 PEER_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
 KNOWN_METHODS = ENGINE_METHODS + PEER_METHODS
 BENCHMARK_DIR = Path("data/dedupe/eval")
 WARMUP_TOKENS = 16  # budget of a warm-up call
+FIXED_NODES = 32    # the node budget of the "-fixed" methods
 
 
-# ----------------------------------------------------------------------------------------- the method API
-
-
-@dataclass
-class MethodResult:
-    """What one method returns for one prompt."""
-
-    tokens: list[int]                   # generated tokens, cut at the stop rule (EOS included when it stopped there)
-    prefill_s: float
-    decode_s: float
-    n_forwards: int                     # target forwards that produced output tokens (prefill-only forwards excluded)
-    tree_sizes: list[int]               # [n_forwards] query nodes of each forward, root included (1 = plain step)
-    stop_reason: str                    # "eos" | "stop" | "max_new_tokens"
-    accepted: list[int] | None = None   # [n_forwards] accepted draft tokens (bonus excluded), when the method knows
-    margins: list[float] | None = None  # [len(tokens)] top-2 logit margin behind each token (AR only)
-    overshoot: int = 0                  # tokens generated past the stop rule and cut off (HF assisted decoding)
-    draft_s: float | None = None        # seconds spent drafting (inside decode_s), when the method knows
-    note: str = ""
-
-
-@dataclass
-class BenchContext:
-    """Everything a method may use besides the prompt ids. ``record`` changes per example."""
-
-    model: Any
-    tokenizer: Any
-    fmt: Any                            # a runtime.formats module
-    eos_token_ids: list[int]
-    max_new_tokens: int
-    stop: Callable[[Sequence[int]], bool]
-    record: dict = field(default_factory=dict)
-
-
-MethodFn = Callable[[list[int], BenchContext], MethodResult]
-MethodFactory = Callable[[], MethodFn]
+# ----------------------------------------------------------------------------------------- the methods
 
 
 def make_stop(tokenizer, fmt) -> Callable[[Sequence[int]], bool]:
@@ -129,29 +111,40 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def method_result(r) -> MethodResult:
+    """A :class:`~ooospec.runtime.engine.GenerationResult` as the method API's result."""
+    return MethodResult(
+        tokens=list(r.tokens), prefill_s=r.prefill_s, decode_s=r.decode_s, n_forwards=r.n_forwards,
+        tree_sizes=[s.tree_size for s in r.steps], stop_reason=r.stop_reason,
+        accepted=[s.accepted for s in r.steps], proposed=[s.proposed_nodes for s in r.steps],
+        margins=r.margins, draft_s=sum(s.t_draft for s in r.steps),
+    )
+
+
 def engine_method(engine) -> MethodFn:
     """Adapt a :class:`~ooospec.runtime.engine.SpecEngine` to the method API."""
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
-        r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop)
-        return MethodResult(
-            tokens=list(r.tokens), prefill_s=r.prefill_s, decode_s=r.decode_s, n_forwards=r.n_forwards,
-            tree_sizes=[s.tree_size for s in r.steps], stop_reason=r.stop_reason,
-            accepted=[s.accepted for s in r.steps], margins=r.margins, draft_s=sum(s.t_draft for s in r.steps),
-        )
+        return method_result(engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop))
 
     return run
 
 
-def toolspec_method(model, eos_token_ids: Sequence[int]) -> MethodFn:
+def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kwargs) -> MethodFn:
     """ToolSpec = schema FSM drafts + retrieval drafts + PLD, merged into one tree per step (in that priority).
+
+    With ``hints`` (a :class:`~ooospec.eval.ooospec_method.HintSource`) this is OoO-Spec: the request's hints
+    start at its arrival (the start of the timed call) and a :class:`~ooospec.runtime.hints.HintDrafter` joins
+    the drafters right after the FSM.
 
     The FSM drafter depends on the request's tools, so it and its engine are built per request, inside the timed
     call (building the grammar is part of serving that request). What a long-lived drafter would have learnt
-    carries over: the retrieval bank is one object for the whole run, and each new FSM drafter first observes
-    the previous request's output (how this target opens its calls). Both learn only from outputs this method
-    produced, never from gold calls.
+    carries over: the retrieval bank and the tree policy's acceptance estimates are one object each for the whole
+    run, and each new FSM drafter first observes the previous request's output (how this target opens its calls).
+    All learn only from outputs this method produced, never from gold calls.
     """
+    from ooospec.runtime.budget import AcceptanceStats
+    from ooospec.runtime.hints import HintDrafter
     from ooospec.runtime.methods import make_engine
     from ooospec.runtime.pld import PromptLookupDrafter
     from ooospec.runtime.retrieval import RetrievalDrafter
@@ -159,14 +152,27 @@ def toolspec_method(model, eos_token_ids: Sequence[int]) -> MethodFn:
 
     retriever = RetrievalDrafter()
     pld = PromptLookupDrafter()
+    acceptance = AcceptanceStats()
     last: list[tuple[list[int], list[int]]] = []  # [(prompt, output)] of the previous request
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
+        arrival = time.perf_counter()  # the request arrives: nothing of it was computed before this
+        source = hints.start(ctx, arrival) if hints is not None else None
         fsm = SchemaFSMDrafter(ctx.tokenizer, ctx.fmt, ctx.record["tools"])
         for prev_prompt, prev_output in last:
             fsm.observe(prev_prompt, prev_output)
-        engine = make_engine(model, [fsm, retriever, pld], eos_token_ids=eos_token_ids)
-        res = engine_method(engine)(prompt_ids, ctx)
+        hint_drafter = HintDrafter(source) if source is not None else None
+        drafters = [fsm] + ([hint_drafter] if hint_drafter else []) + [retriever, pld]
+        engine = make_engine(model, drafters, eos_token_ids=eos_token_ids, acceptance=acceptance, **engine_kwargs)
+        try:
+            r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop)
+        except BaseException:
+            if hints is not None:
+                hints.finish(source, hint_drafter, None)  # cancel the wave, restore the target's cores
+            raise
+        res = method_result(r)
+        if hints is not None:
+            res.hints = hints.finish(source, hint_drafter, r)
         last[:] = [(prompt_ids, res.tokens)]
         return res
 
@@ -175,8 +181,6 @@ def toolspec_method(model, eos_token_ids: Sequence[int]) -> MethodFn:
 
 def peer_method(name: str, model, tokenizer, *, pld_tokens: int, assistant=None) -> tuple[MethodFn, str]:
     """An HF ``generate`` peer and the note that goes with it (e.g. the hf-assisted fallback)."""
-    from ooospec.eval import peers
-
     extra: dict = {}
     note = ""
     if name == "hf-pld":
@@ -198,11 +202,15 @@ def peer_method(name: str, model, tokenizer, *, pld_tokens: int, assistant=None)
 
 
 def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequence[int], pld_tokens: int = 10,
-                  assistant=None) -> tuple[dict[str, MethodFactory], list[str]]:
+                  assistant=None, hints=None) -> tuple[dict[str, MethodFactory], list[str]]:
     """Method factories in run order (``ar`` and ``hf-greedy`` first, always) and the run's notes.
 
-    A factory returns a fresh callable (fresh engine, fresh drafter state) each time it is called.
+    A factory returns a fresh callable (fresh engine, fresh drafter state and acceptance estimates) each time it
+    is called. ``NAME-fixed`` is engine method ``NAME`` with the fixed node budget instead of the budget policy.
+    ``ooospec`` takes its hints from ``hints`` (a :class:`~ooospec.eval.ooospec_method.HintSource`, e.g. a running
+    sidecar); ``ooospec-gold`` always from the gold call (the ceiling).
     """
+    from ooospec.eval.ooospec_method import GoldHints
     from ooospec.runtime.methods import METHODS
 
     unknown = [n for n in names if n not in KNOWN_METHODS]
@@ -216,10 +224,18 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
         if name == "ar":
             factories[name] = lambda: engine_method(
                 METHODS["ar"](model, eos_token_ids=eos_token_ids, record_margins=True))
-        elif name == "pld":
-            factories[name] = lambda: engine_method(METHODS["pld"](model, eos_token_ids=eos_token_ids))
-        elif name == "toolspec":
-            factories[name] = lambda: toolspec_method(model, eos_token_ids)
+        elif name in ("pld", "pld-fixed"):
+            kw = {"policy": "fixed", "max_draft_nodes": FIXED_NODES} if name.endswith("-fixed") else {}
+            factories[name] = lambda kw=kw: engine_method(METHODS["pld"](model, eos_token_ids=eos_token_ids, **kw))
+        elif name in ("toolspec", "toolspec-fixed"):
+            kw = {"policy": "fixed", "max_draft_nodes": FIXED_NODES} if name.endswith("-fixed") else {}
+            factories[name] = lambda kw=kw: toolspec_method(model, eos_token_ids, **kw)
+        elif name == "ooospec":
+            if hints is None:
+                raise ValueError("method 'ooospec' needs a hint source (a sidecar, or --hints gold)")
+            factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=hints)
+        elif name == "ooospec-gold":
+            factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=GoldHints())
         else:
             fn, note = peer_method(name, model, tokenizer, pld_tokens=pld_tokens, assistant=assistant)
             factories[name] = lambda fn=fn: fn
@@ -250,7 +266,7 @@ def resolve_dataset(dataset: str, root: Path = Path(".")) -> Path:
 def load_examples(path: Path, limit: int | None = None) -> list[dict]:
     """Valid records of ``path`` sorted by id; the first ``limit`` of them. Invalid or duplicate ids raise."""
     records, seen = [], set()
-    for lineno, rec in enumerate(read_jsonl(path), 1):
+    for lineno, rec in iter_jsonl(path):
         bad = validate_record(rec)
         if bad is not None:
             raise ValueError(f"{path}:{lineno}: record {rec.get('id')!r} is not usable ({bad[0]}: {bad[1]})")
@@ -277,14 +293,18 @@ def prompt_ids_of(record: dict, tokenizer, fmt) -> list[int]:
 # ----------------------------------------------------------------------------------------------- the run
 
 
-def _row(record_id: str, method: str, prompt_len: int, time_s: float, res: MethodResult, tokenizer) -> dict:
+def _row(record_id: str, method: str, prompt_len: int, time_s: float, res: MethodResult, tokenizer,
+         fp: Footprint) -> dict:
     return {
         "id": record_id, "method": method, "prompt_tokens": prompt_len, "time_s": time_s,
         "prefill_s": res.prefill_s, "decode_s": res.decode_s, "new_tokens": len(res.tokens),
-        "forwards": res.n_forwards, "mat": len(res.tokens) / res.n_forwards if res.n_forwards else None,
-        "tree_sizes": list(res.tree_sizes), "accepted": res.accepted, "stop_reason": res.stop_reason,
-        "overshoot": res.overshoot, "draft_s": res.draft_s, "tokens": list(res.tokens),
-        "text": tokenizer.decode(res.tokens, skip_special_tokens=False),
+        "forwards": res.n_forwards, "mat": metrics.mat(len(res.tokens), res.n_forwards),
+        "tree_sizes": list(res.tree_sizes), "accepted": res.accepted, "proposed": res.proposed,
+        "stop_reason": res.stop_reason, "overshoot": res.overshoot, "draft_s": res.draft_s,
+        "prefill_flops": metrics.prefill_flops(fp, prompt_len),
+        "decode_bytes": metrics.decode_bytes(fp, res.n_forwards, prompt_len, len(res.tokens)),
+        "tokens": list(res.tokens), "text": tokenizer.decode(res.tokens, skip_special_tokens=False),
+        "hints": res.hints,
     }
 
 
@@ -295,7 +315,8 @@ def compare_rows(rows: dict[str, dict], ar_margins: Sequence[float], tie_tol: fl
     for row in rows.values():
         row["exact"] = row["tokens"] == ar_tokens
         row["exact_hf"] = None if hf_tokens is None else row["tokens"] == hf_tokens
-        row["mismatch"] = None if row["exact"] else classify_mismatch(ar_tokens, row["tokens"], ar_margins, tie_tol)
+        row["mismatch"] = (None if row["exact"]
+                           else metrics.classify_mismatch(ar_tokens, row["tokens"], ar_margins, tie_tol))
 
 
 def _timed(fn: MethodFn, prompt_ids: list[int], ctx: BenchContext) -> tuple[float, MethodResult]:
@@ -316,6 +337,7 @@ def run_bench(
     warmup: int = 1,
     progress: bool = True,
     on_example: Callable[[dict], None] | None = None,
+    roofline: dict | None = None,
 ) -> dict:
     """Run every method on every record (interleaved, fixed order) and return ``{"methods", "examples"}``.
 
@@ -328,11 +350,14 @@ def run_bench(
         warmup: untimed calls per method on the first prompt (at most ``WARMUP_TOKENS`` new tokens each),
             by a throw-away instance.
         on_example: called after each example with the results so far (e.g. to save a partial JSON).
+        roofline: ``{"peak_flops", "peak_bytes_per_s"}`` of this machine (:func:`ooospec.runtime.hardware.roofline`)
+            to give each method's achieved prefill FLOP/s and decode bytes/s as fractions of them.
     """
     if BASELINE not in factories:
         raise ValueError(f"methods must include the baseline {BASELINE!r}, got {list(factories)}")
     ctx = BenchContext(model, tokenizer, fmt, eos_ids(model, tokenizer), max_new_tokens, make_stop(tokenizer, fmt))
     tie_tol = default_tie_margin(model.dtype)
+    fp = footprint(model)
     records = sorted(records, key=lambda r: r["id"])
     prompts = [prompt_ids_of(rec, tokenizer, fmt) for rec in records]
 
@@ -350,18 +375,19 @@ def run_bench(
         rows, ar_margins = {}, None
         for name, fn in methods.items():
             time_s, res = _timed(fn, prompt, ctx)
-            rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer)
+            rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer, fp)
             if name == BASELINE:
                 ar_margins = res.margins
         compare_rows(rows, ar_margins, tie_tol)
         examples.extend(rows.values())
         if on_example is not None:
-            on_example(_results(examples, list(methods), tie_tol))
-    return _results(examples, list(methods), tie_tol)
+            on_example(_results(examples, list(methods), tie_tol, roofline))
+    return _results(examples, list(methods), tie_tol, roofline)
 
 
-def _results(examples: list[dict], order: list[str], tie_tol: float) -> dict:
-    return json_safe({"methods": summarize(examples, order), "examples": examples, "tie_margin": tie_tol})
+def _results(examples: list[dict], order: list[str], tie_tol: float, roofline: dict | None) -> dict:
+    return json_safe({"methods": summarize(examples, order, roofline=roofline), "examples": examples,
+                      "tie_margin": tie_tol})
 
 
 # ------------------------------------------------------------------------------------------ summary math
@@ -378,11 +404,12 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def summarize_method(rows: Sequence[dict], baseline: dict[str, dict]) -> dict:
+def summarize_method(rows: Sequence[dict], baseline: dict[str, dict], roofline: dict | None = None) -> dict:
     """Summary of one method's rows against the baseline's rows ``{id: row}`` (same ids).
 
-    Worked example: AR times ``[1.0, 3.0]``, method times ``[0.5, 2.0]`` -> ``mean_s`` 1.25, ``speedup``
-    2.0 / 1.25 = 1.6, per-example ratios ``[2.0, 1.5]`` -> ``speedup_median`` 1.75.
+    Every metric is one of :mod:`ooospec.runtime.metrics`. Worked example: AR times ``[1.0, 3.0]``, method times
+    ``[0.5, 2.0]`` -> ``mean_s`` 1.25, ``speedup`` 2.0 / 1.25 = 1.6, per-example ratios ``[2.0, 1.5]`` ->
+    ``speedup_median`` 1.75.
     """
     if not rows:
         raise ValueError("no rows to summarize")
@@ -396,31 +423,45 @@ def summarize_method(rows: Sequence[dict], baseline: dict[str, dict]) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     forwards = sum(r["forwards"] for r in rows)
     trees = [t for r in rows for t in r["tree_sizes"]]
+    proposed = [p for r in rows for p in (r.get("proposed") or [])]
     mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
     exact_hf = [r["exact_hf"] for r in rows if r.get("exact_hf") is not None]
-    return {
+    out = {
         "n": len(rows),
         "mean_s": statistics.fmean(times),
         "median_s": statistics.median(times),
         "mean_prefill_s": statistics.fmean(r["prefill_s"] for r in rows),
         "mean_decode_s": statistics.fmean(decode),
-        "speedup": statistics.fmean(base_times) / statistics.fmean(times),
-        "speedup_median": statistics.median(b / t for b, t in zip(base_times, times)),
-        "decode_speedup": statistics.fmean(base_decode) / statistics.fmean(decode),
-        "mat": tokens / forwards if forwards else None,
+        "speedup": metrics.speedup(statistics.fmean(base_times), statistics.fmean(times)),
+        "speedup_median": statistics.median(metrics.speedup(b, t) for b, t in zip(base_times, times)),
+        "decode_speedup": metrics.speedup(statistics.fmean(base_decode), statistics.fmean(decode)),
+        "mat": metrics.mat(tokens, forwards),
         "new_tokens": tokens,
         "forwards": forwards,
-        "mean_tree_size": statistics.fmean(trees) if trees else None,
-        "tokens_per_s": tokens / sum(times),
+        "mean_tree_size": metrics.mean_tree_size(trees),
+        "mean_proposed_nodes": statistics.fmean(proposed) if proposed else None,
+        "tokens_per_s": metrics.per_second(tokens, sum(times)),
         "exact_rate": sum(bool(r["exact"]) for r in rows) / len(rows),
         "exact_hf_rate": sum(exact_hf) / len(exact_hf) if exact_hf else None,
         "near_ties": sum(m["kind"] == "near_tie" for m in mismatches),
         "defects": sum(m["kind"] == "defect" for m in mismatches),
         "overshoot_tokens": sum(r.get("overshoot", 0) for r in rows),
     }
+    hint_summary = summarize_hints(rows)
+    if hint_summary is not None:
+        out["hints"] = hint_summary
+    if all("prefill_flops" in r for r in rows):
+        out["prefill_flops_per_s"] = metrics.per_second(sum(r["prefill_flops"] for r in rows),
+                                                        sum(r["prefill_s"] for r in rows))
+        out["decode_bytes_per_s"] = metrics.per_second(sum(r["decode_bytes"] for r in rows), sum(decode))
+        if roofline is not None:
+            out["prefill_peak_frac"] = out["prefill_flops_per_s"] / roofline["peak_flops"]
+            out["decode_peak_frac"] = out["decode_bytes_per_s"] / roofline["peak_bytes_per_s"]
+    return out
 
 
-def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, baseline: str = BASELINE) -> dict:
+def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, baseline: str = BASELINE,
+              roofline: dict | None = None) -> dict:
     """``{method: summary}`` in ``order`` (default: first appearance), each against ``baseline``'s rows."""
     by_method: dict[str, list[dict]] = {}
     for row in examples:
@@ -428,7 +469,7 @@ def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, base
     if baseline not in by_method:
         raise ValueError(f"no {baseline!r} rows to compare against (methods: {sorted(by_method)})")
     base = {r["id"]: r for r in by_method[baseline]}
-    return {m: summarize_method(by_method[m], base) for m in (order or by_method)}
+    return {m: summarize_method(by_method[m], base, roofline) for m in (order or by_method)}
 
 
 # ------------------------------------------------------------------------------------------- environment
@@ -443,25 +484,22 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def environment(threads: tuple[int, str], dtype: tuple[str, str], dtype_requested: str, model,
+                roofline: dict | None) -> dict:
+    """Versions, threads and dtype (with the reasons they were chosen), CPU, roofline, footprint and commit.
 
-
-def environment(dtype: str) -> dict:
-    """Versions, threads, CPU and commit of this run (``commit_dirty``: uncommitted changes were present)."""
+    ``commit_dirty``: uncommitted changes were present.
+    """
     import transformers
 
     status = _git("status", "--porcelain", "--untracked-files=no")
+    info = hardware.cpu_info()
     return {
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "dtype": dtype, "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "threads": threads[0], "threads_reason": threads[1],
+        "dtype": dtype[0], "dtype_requested": dtype_requested, "dtype_reason": dtype[1],
+        "cpu": info["model"], "cpu_flags": info["flags"], "cpu_count": os.cpu_count(),
+        "cores_available": info["cores"], "roofline": roofline, "footprint": dataclasses.asdict(footprint(model)),
         "commit": _git("rev-parse", "HEAD"), "commit_dirty": None if status is None else bool(status),
         "loadavg_start": list(os.getloadavg()),
     }
@@ -474,56 +512,117 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name, local HF folder, .gguf or hub id")
     p.add_argument("--dataset", required=True,
                    help="benchmark name (data/dedupe/eval/<name>.jsonl) or a path to a JSONL file of records")
-    p.add_argument("--methods", default="ar,pld,hf-pld",
+    p.add_argument("--methods", default="ar,pld,toolspec,hf-pld",
                    help=f"comma-separated, from {','.join(KNOWN_METHODS)} (ar and hf-greedy always run)")
     p.add_argument("--limit", type=int, default=None, help="first N examples by id (default: all)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, once, for every method")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--threads", default="auto",
+                   help="torch threads for every method: 'auto' (the cores this process may use) or a number")
+    p.add_argument("--dtype", choices=hardware.DTYPE_CHOICES, default="auto",
+                   help="'auto': bf16 where the CPU multiplies it natively and faster, else fp32 (bf16/fp16 on CUDA)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--assistant", default=None, help="draft model for hf-assisted (same vocabulary as the target)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the HF PLD peers")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per method before timing")
-    p.add_argument("--out", type=Path, required=True, help="results JSON")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default results/bench_<target>_<dataset>.json)")
     p.add_argument("--report-dir", type=Path, default=None, help="also write table.md and bench.png here")
+    p.add_argument("--no-roofline", dest="roofline", action="store_false",
+                   help="skip the peak FLOP/s and bandwidth probes (cached after the first run on a machine)")
     p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
+    g = p.add_argument_group("ooospec (sidecar hints)")
+    g.add_argument("--hints", choices=("sidecar", "gold"), default="sidecar",
+                   help="method ooospec's hints: the sidecar (default) or the gold call at time zero (the ceiling)")
+    g.add_argument("--sidecar-url", default=None,
+                   help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
+                        "shipped adapter for the run and stop it after")
+    g.add_argument("--sidecar-model", default="sidecar", help="served model name (vLLM: the --lora-modules name)")
+    g.add_argument("--sidecar-adapter", default=None, help="adapter folder to serve (default: adapters/sidecar)")
+    g.add_argument("--sidecar-deploy", choices=sorted(DEPLOYMENTS), default=DEFAULT_DEPLOYMENT,
+                   help="where the sidecar runs next to the target (see eval/ooospec_method.py)")
+
+
+def default_out(target: str, dataset: str) -> Path:
+    """``results/bench_<target name>_<dataset name>.json``."""
+    return Path("results") / f"bench_{Path(target).stem or 'target'}_{Path(dataset).stem}.json"
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime.formats import detect_format
     from ooospec.runtime.models import load_target
 
-    if args.threads < 1 or args.max_new_tokens < 1:
-        raise SystemExit(f"--threads and --max-new-tokens must be >= 1 (got {args.threads}, {args.max_new_tokens})")
+    if args.max_new_tokens < 1:
+        raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
+    try:
+        threads = hardware.resolve_threads(args.threads)
+    except ValueError as e:
+        raise SystemExit(f"--threads: {e}") from e
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     records = load_examples(resolve_dataset(args.dataset), args.limit)
-    torch.set_num_threads(args.threads)
+    out = args.out or default_out(args.target, args.dataset)
+    torch.set_num_threads(threads[0])
     torch.manual_seed(0)
-    model, tokenizer = load_target(args.target, dtype=args.dtype, cache=args.cache)
+    dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
+    print(f"threads {threads[0]} ({threads[1]}); dtype {dtype[0]} ({dtype[1]})", file=sys.stderr)
+    model, tokenizer = load_target(args.target, dtype=dtype[0], cache=args.cache)
     assistant = None
     if "hf-assisted" in names and args.assistant:
-        assistant, _ = load_target(args.assistant, dtype=args.dtype, cache=args.cache)
+        assistant, _ = load_target(args.assistant, dtype=dtype[0], cache=args.cache)
     fmt = detect_format(tokenizer)
+    sidecar_proc, hints = None, None
+    if "ooospec" in names:
+        sidecar_proc, hints = start_hints(args, threads[0])
+    try:
+        return _run_with(args, names, records, out, threads, dtype, model, tokenizer, assistant, fmt, hints)
+    finally:
+        if sidecar_proc is not None:
+            sidecar_proc.stop()
+
+
+def start_hints(args: argparse.Namespace, bench_threads: int):
+    """``(server process or None, hint source)`` for method ooospec, per ``--hints`` / ``--sidecar-*``."""
+    from ooospec.eval.ooospec_method import GoldHints, SidecarHints, server_placement
+    from ooospec.runtime.sidecar_client import SidecarClient, launch_sidecar
+
+    if args.hints == "gold":
+        return None, GoldHints()
+    deploy = DEPLOYMENTS[args.sidecar_deploy]
+    proc, url = None, args.sidecar_url
+    if url is None:
+        cpus, server_threads = server_placement(deploy, bench_threads)
+        print(f"starting the sidecar ({args.sidecar_adapter or 'shipped adapter'}, deployment {deploy.name}: "
+              f"cpus {cpus or 'all'}, {server_threads} thread(s))", file=sys.stderr)
+        proc = launch_sidecar(args.sidecar_adapter, threads=server_threads, cpus=cpus, dtype=args.dtype)
+        url = proc.url
+    return proc, SidecarHints(SidecarClient(url, model=args.sidecar_model), deploy, bench_threads)
+
+
+def _run_with(args, names, records, out, threads, dtype, model, tokenizer, assistant, fmt, hints) -> int:
     factories, notes = build_methods(names, model, tokenizer, eos_token_ids=eos_ids(model, tokenizer),
-                                     pld_tokens=args.pld_tokens, assistant=assistant)
+                                     pld_tokens=args.pld_tokens, assistant=assistant, hints=hints)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    env = environment(args.dtype)
+    roof = hardware.roofline(dtype[0], threads[0]) if args.roofline else None
+    env = environment(threads, dtype, args.dtype, model, roof)
     config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
               "max_new_tokens": args.max_new_tokens, "format": fmt.NAME, "assistant": args.assistant,
-              "pld_tokens": args.pld_tokens, "warmup": args.warmup}
+              "pld_tokens": args.pld_tokens, "warmup": args.warmup,
+              "hints": args.hints if "ooospec" in names else None,
+              "sidecar": ({"url": args.sidecar_url, "adapter": args.sidecar_adapter, "deployment": args.sidecar_deploy}
+                          if "ooospec" in names and args.hints == "sidecar" else None)}
     t0 = time.perf_counter()
 
     def save(results: dict, partial: bool) -> dict:
-        """Write ``--out`` (after every example too, marked ``partial``, so a long run that dies keeps its rows)."""
+        """Write ``out`` (after every example too, marked ``partial``, so a long run that dies keeps its rows)."""
         run_env = {**env, "loadavg_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0}
         results = {**results, "env": run_env, "notes": notes, "config": config, "partial": partial}
-        write_json(args.out, results)
+        write_json(out, results)
         return results
 
     results = run_bench(model, tokenizer, records, factories, fmt=fmt, max_new_tokens=args.max_new_tokens,
-                        warmup=args.warmup, on_example=lambda partial: save(partial, True))
+                        warmup=args.warmup, on_example=lambda partial: save(partial, True), roofline=roof)
     results = save(results, False)
     print(report.markdown_table(results))
+    print(f"wrote {out}")
     if args.report_dir is not None:
         paths = report.write_report(results, args.report_dir)
         print(f"wrote {', '.join(str(p) for p in paths)}")

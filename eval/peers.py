@@ -1,7 +1,7 @@
 """Hugging Face ``generate`` as benchmark peers: stock greedy, prompt lookup and assisted decoding.
 
 Each peer runs transformers' own ``model.generate(..., do_sample=False)`` (5.24 API) on one prompt and returns a
-:class:`~ooospec.eval.bench.MethodResult`, so the harness treats it exactly like an engine method::
+:class:`~ooospec.eval.method_api.MethodResult`, so the harness treats it exactly like an engine method::
 
     hf-greedy     generate(ids, do_sample=False)                                  the stock greedy reference
     hf-pld        generate(ids, do_sample=False, prompt_lookup_num_tokens=k)
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
-from ooospec.eval.bench import MethodResult
+from ooospec.eval.method_api import MethodResult
 
 if TYPE_CHECKING:
     from typing_extensions import Self

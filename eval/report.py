@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-# (header, summary key, format)
-COLUMNS: list[tuple[str, str, str]] = [
+# (header, summary key, format[, scale])
+COLUMNS: list[tuple] = [
     ("n", "n", "{:d}"),
     ("mean s", "mean_s", "{:.3f}"),
     ("median s", "median_s", "{:.3f}"),
@@ -26,6 +26,11 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("decode speedup", "decode_speedup", "{:.2f}x"),
     ("#MAT", "mat", "{:.2f}"),
     ("mean tree", "mean_tree_size", "{:.1f}"),
+    ("proposed", "mean_proposed_nodes", "{:.1f}"),
+    ("prefill GFLOP/s", "prefill_flops_per_s", "{:.0f}", 1e-9),
+    ("% peak", "prefill_peak_frac", "{:.0%}"),
+    ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9),
+    ("% peak bw", "decode_peak_frac", "{:.0%}"),
     ("exact vs ar", "exact_rate", "{:.0%}"),
     ("exact vs HF", "exact_hf_rate", "{:.0%}"),
     ("near-ties", "near_ties", "{:d}"),
@@ -50,14 +55,33 @@ def fmt_cell(value: Any, spec: str) -> str:
     return spec.format(value)
 
 
+def cell(summary: dict, column: tuple) -> str:
+    """The table cell of one summary for a ``COLUMNS`` entry (scaled when the entry has a scale).
+
+    >>> cell({"decode_bytes_per_s": 2.5e9}, ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9))
+    '2.5'
+    """
+    _, key, spec, *scale = column
+    value = summary.get(key)
+    if scale and isinstance(value, (int, float)):
+        value = value * scale[0]
+    return fmt_cell(value, spec)
+
+
 def env_line(results: dict) -> str:
     """One line naming what the numbers were measured on."""
     env, cfg = results.get("env", {}), results.get("config", {})
     parts = [f"target {cfg['target']}" if "target" in cfg else None,
              f"dataset {cfg['dataset']}" if "dataset" in cfg else None,
-             f"dtype {env['dtype']}" if "dtype" in env else None,
-             f"threads {env['threads']}" if "threads" in env else None,
+             f"dtype {env['dtype']}" + (f" ({env['dtype_reason']})" if env.get("dtype_reason") else "")
+             if "dtype" in env else None,
+             f"threads {env['threads']}" + (f" ({env['threads_reason']})" if env.get("threads_reason") else "")
+             if "threads" in env else None,
              env.get("cpu"),
+             "flags " + " ".join(env["cpu_flags"]) if env.get("cpu_flags") else None,
+             "roofs {:.0f} GFLOP/s, {:.1f} GB/s".format(env["roofline"]["peak_flops"] * 1e-9,
+                                                       env["roofline"]["peak_bytes_per_s"] * 1e-9)
+             if env.get("roofline") else None,
              f"torch {env['torch']}" if "torch" in env else None,
              f"commit {str(env['commit'])[:10]}{'+dirty' if env.get('commit_dirty') else ''}"
              if env.get("commit") else None,
@@ -78,14 +102,43 @@ def mismatch_lines(results: dict) -> list[str]:
     return lines
 
 
+# the hint columns of methods with sidecar / gold hints (``summary["hints"]``, see eval/ooospec_method.py)
+HINT_COLUMNS: list[tuple] = [
+    ("requests", "n", "{:d}"),
+    ("ready before 1st tree", "ready_before_first_tree", "{:.0%}"),
+    ("ready before end", "ready_before_end", "{:.0%}"),
+    ("used", "used", "{:.0%}"),
+    ("hint tokens accepted (mean)", "mean_hint_tokens_accepted", "{:.1f}"),
+    ("ready after (median s)", "median_ready_s", "{:.3f}"),
+    ("payload bytes (median)", "median_payload_bytes", "{:.0f}"),
+    ("target-side sidecar work (mean ms)", "mean_target_sidecar_s", "{:.1f}", 1e3),
+]
+
+
+def hint_table(results: dict) -> list[str]:
+    """Markdown lines of the hint table (empty when no method has hints)."""
+    names = [n for n in method_order(results) if results["methods"][n].get("hints")]
+    if not names:
+        return []
+    lines = ["| hints of | " + " | ".join(c[0] for c in HINT_COLUMNS) + " | errors |",
+             "|---|" + "---:|" * len(HINT_COLUMNS) + "---|"]
+    for name in names:
+        h = results["methods"][name]["hints"]
+        errors = ", ".join(f"{k} {v}" for k, v in sorted((h.get("errors") or {}).items())) or "-"
+        lines.append(f"| {name} | " + " | ".join(cell(h, c) for c in HINT_COLUMNS) + f" | {errors} |")
+    return [""] + lines
+
+
 def markdown_table(results: dict) -> str:
-    """The per-method summary as a markdown table; the environment line, notes and mismatches under it."""
-    header = "| method | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
+    """The per-method summary as a markdown table (and the hint table); the environment line, notes and
+    mismatches under it."""
+    header = "| method | " + " | ".join(c[0] for c in COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(COLUMNS)
     lines = [header, rule]
     for name in method_order(results):
         s = results["methods"][name]
-        lines.append(f"| {name} | " + " | ".join(fmt_cell(s.get(k), f) for _, k, f in COLUMNS) + " |")
+        lines.append(f"| {name} | " + " | ".join(cell(s, c) for c in COLUMNS) + " |")
+    lines += hint_table(results)
     footer = [env_line(results)] + [f"note: {n}" for n in results.get("notes", [])] + mismatch_lines(results)
     return "\n".join(lines + [""] + [f for f in footer if f])
 

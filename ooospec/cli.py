@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("ooospec.pipelines.ingest", "parse raw tool-calling datasets into records (DVC stage)"),
     "dedupe": ("ooospec.pipelines.dedupe", "dedupe records, hold out benchmarks, write train + eval sets (DVC stage)"),
     "bench": ("ooospec.eval.bench", "time speculative decoding methods against greedy AR on a benchmark"),
-    "models": ("ooospec.runtime.models", "list / fetch the target models this machine can obtain"),
+    "models": ("ooospec.models_cli", "list / fetch the target models this machine can obtain"),
     "teacher": ("ooospec.pipelines.teacher", "decode teacher traces for training records (DVC stage)"),
     "normalize": ("ooospec.pipelines.normalize", "parse teacher traces into compact schema-valid calls (DVC stage)"),
     "expand-slots": ("ooospec.pipelines.expand_slots", "expand calls into sidecar supervision pairs (DVC stage)"),
@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-sidecar": ("ooospec.pipelines.eval_sidecar", "offline sidecar quality and slot-wave latency (DVC stage)"),
     "sidecar-report": ("ooospec.eval.sidecar_report", "compare trained sidecars: quality vs slot-wave latency"),
     "export": ("ooospec.pipelines.export_adapter", "export the adapter as a Hub model folder, optionally push"),
+    "sidecar": ("ooospec.sidecar_cli", "serve the sidecar (OpenAI-compatible completions) or predict calls offline"),
 }
 
 

@@ -2,7 +2,10 @@
 
 ``export/sidecar-adapter/`` gets::
 
-    adapter_model.safetensors  adapter_config.json     the peft adapter (base_model_name_or_path = Hub id)
+    adapter_model.safetensors  adapter_config.json     the peft adapter (base_model_name_or_path = Hub id),
+                                                       weights in ``weights_dtype`` (bf16 by default: half the size)
+    sidecar.json                                       prompt layout version + data/training summary (the runtime
+                                                       refuses an adapter of another layout)
     tokenizer.json  tokenizer_config.json ...          the sidecar's tokenizer
     README.md                                          model card: YAML front matter + data, recipe, metrics, usage
     recipe.yaml  params.json                           the recipe and params sections that produced it
@@ -10,6 +13,7 @@
 Run as a stage, or by hand with a push (HF_TOKEN from the environment; it is never printed or logged)::
 
     python -m ooospec.pipelines.export_adapter models/sidecar export/sidecar-adapter --metrics-dir metrics
+    ooospec export runs/full-smollm2 adapters/sidecar --metrics-dir runs/full-smollm2.metrics   # the shipped one
     HF_TOKEN=... ooospec export --push you/ooo-spec-sidecar
 
 Without a token, or when the Hub cannot be reached, the push prints ONE line saying so and exits with
@@ -35,7 +39,8 @@ from ooospec.pipelines.records import atomic_write_text, write_json
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json", "sidecar.json")
+WEIGHTS_DTYPES = ("fp32", "bf16")
 CARD_METRICS = ("ingest", "dedupe", "teacher", "normalize", "expand_slots", "train_sidecar", "eval_sidecar")
 EXIT_NO_TOKEN, EXIT_PUSH_FAILED = 2, 3
 DATA_LICENSES = """\
@@ -61,8 +66,13 @@ class ExportAdapterParams:
 
     license: str = "apache-2.0"
     model_name: str = "ooo-spec-sidecar"
+    weights_dtype: str = "bf16"  # adapter tensors as exported: bf16 (half the size) | fp32 (bit-exact with training)
     tags: tuple[str, ...] = ("lora", "peft", "trl", "sft", "tool-calling", "function-calling",
                              "speculative-decoding", "ooo-spec")
+
+    def __post_init__(self) -> None:
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            raise ValueError(f"export_adapter.weights_dtype must be one of {WEIGHTS_DTYPES}, got {self.weights_dtype!r}")
 
 
 # ------------------------------------------------------------------------------------------- model card
@@ -103,13 +113,13 @@ def eval_section(ev: dict | None) -> str:
     lat = ev.get("latency", {})
     anchor = ev.get("anchor", {})
     floor = ev.get("baselines", {})
-    wave = {"full": "the runtime's full wave", "heldout_rows": "heldout rows"}.get(lat.get("wave"), "wave")
+    wave = lat.get("wave", {})
     return "\n".join([
-        (f"Held-out slot rows: {ev.get('rows')} rows from {ev.get('requests')} requests, greedy decoding. "
-         "A constant answer scores the third column on the same rows: below it, the adapter has learned the "
-         "answer format but not the task."),
+        (f"Held-out requests: {ev.get('requests')} (of {ev.get('requests_available')}), each answered as the "
+         "runtime's one-pass wave (index + every tool x parameter), greedy. A constant answer scores the third "
+         "column on the same slots: below it, the adapter has learned the answer format but not the task."),
         "",
-        "| metric | this adapter | constant answer (same rows) | public reproduction (Qwen3-0.6B, GPU) |",
+        "| metric | this adapter | constant answer (same slots) | public reproduction (Qwen3-0.6B, GPU) |",
         "|---|---|---|---|",
         (f"| function-index accuracy | {_pct(ev['function_index']['accuracy'])} "
          f"| {_pct(floor.get('function_index_always_0'))} (always 0) "
@@ -118,10 +128,11 @@ def eval_section(ev: dict | None) -> str:
          f"| {_pct(floor.get('argument_always_null'))} (always null) "
          f"| {_pct(anchor.get('argument_exact_match'))} |"),
         f"| argument exact match (non-null gold) | {_pct(ev['argument'].get('exact_match_non_null'))} | | |",
+        f"| joined call exact match (the hint) | {_pct((ev.get('joined') or {}).get('exact_match'))} | | |",
         f"| direct-call exact match | {_pct(ev['direct_call']['exact_match'])} | | |",
         f"| null precision / recall | {_pct(ev['null']['precision'])} / {_pct(ev['null']['recall'])} | | |",
-        (f"| slot-wave latency, median (CPU, {lat.get('threads')} thread, {wave}) | {lat.get('median_ms')} ms "
-         f"({lat.get('median_wave_rows')} rows per wave) | | |"),
+        (f"| wave latency, median / p90 (CPU, {lat.get('threads')} thread(s), {ev.get('dtype')}) "
+         f"| {wave.get('median_ms')} / {wave.get('p90_ms')} ms ({lat.get('median_queries')} queries per wave) | | |"),
     ])
 
 
@@ -131,15 +142,17 @@ def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, me
     front = yaml.safe_dump({"base_model": base_id, "library_name": "peft", "license": params.license,
                             "pipeline_tag": "text-generation", "tags": list(params.tags)}, sort_keys=False)
     tr = metrics.get("train_sidecar", {})
-    rows = tr.get("rows", {})
+    requests, slots = tr.get("requests", {}), tr.get("slots", {})
     data_lines = [f"- `{stage}`: " + ", ".join(f"{k}={v}" for k, v in _scalars(m, depth=1)[:12])
                   for stage, m in metrics.items() if stage not in ("train_sidecar", "eval_sidecar")]
-    by_form = ", ".join(f"{k} {v}" for k, v in sorted((rows.get("by_form") or {}).items()))
-    train_rows = [("rows trained", rows.get("trained")), ("rows by form", by_form),
-                  ("rows available", rows.get("available")), ("dropped (> max_len)", rows.get("dropped_too_long")),
-                  ("completion tokens", tr.get("completion_tokens")), ("optimizer steps", tr.get("steps")),
+    by_form = ", ".join(f"{k} {v}" for k, v in sorted((slots.get("by_form") or {}).items()))
+    train_rows = [("requests trained", requests.get("trained")), ("requests available", requests.get("available")),
+                  ("slots by form", by_form), ("slots dropped (> max_len)", slots.get("dropped_too_long")),
+                  ("packed sequences / tokens", f"{tr.get('sequences')} / {tr.get('tokens')}"),
+                  ("label tokens", tr.get("label_tokens")), ("optimizer steps", tr.get("steps")),
                   ("final loss", tr.get("final_loss")), ("train time (s)", tr.get("train_seconds")),
-                  ("device / threads", f"{tr.get('device')} / {tr.get('threads')}")] if tr else []
+                  ("device / threads / bf16 autocast",
+                   f"{tr.get('device')} / {tr.get('threads')} / {tr.get('bf16_autocast')}")] if tr else []
     return f"""---
 {front}---
 
@@ -157,8 +170,10 @@ adapter only drafts: the target stays the sole verifier, so outputs equal the ta
 
 ## Training data
 
-Slot rows (prompt -> compact JSON answer) expanded from teacher tool calls on deduplicated tool-calling
-dialogues; benchmark test sets were held out before training.
+Request rows expanded from teacher tool calls on deduplicated tool-calling dialogues (prompt layout
+{tr.get("layout_version")}, recorded in `sidecar.json`): one shared block (conversation + numbered tools with parameters) and every slot query
+with its compact-JSON answer, packed into one sequence per request; benchmark test sets were held out before
+training.
 
 {_table([(k, v) for k, v in train_rows]) if train_rows else "_No training metrics found._"}
 
@@ -166,7 +181,8 @@ dialogues; benchmark test sets were held out before training.
 
 ## Recipe
 
-One epoch, causal cross-entropy on the completion tokens only (trl `SFTTrainer`, `completion_only_loss`),
+One epoch of causal cross-entropy on the answer tokens only, each request packed into one sequence whose 4D mask
+lets every query/answer segment see the shared block and itself only (peft LoRA + transformers `Trainer`),
 then frozen. The exact recipe and params are in `recipe.yaml` and `params.json`:
 
 ```yaml
@@ -188,7 +204,13 @@ from peft import PeftModel
 base = AutoModelForCausalLM.from_pretrained("{base_id}")
 sidecar = PeftModel.from_pretrained(base, "<this repo or folder>").merge_and_unload().eval()
 tok = AutoTokenizer.from_pretrained("<this repo or folder>")
-# prompts: ooospec.runtime.sidecar_prompts.slot_queries(messages, tools); answers: join_slots(...)
+```
+
+or, with ooo-spec's one-pass wave (the block is prefilled once, every slot answered as a branch):
+
+```python
+from ooospec.runtime.sidecar import Sidecar
+call, result = Sidecar.from_adapter("<this folder>").predict(messages, tools)   # {{"name", "arguments"}} | None
 ```
 
 ## Data licenses
@@ -218,6 +240,8 @@ def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str 
     for f in sorted(adapter.iterdir()):
         if f.is_file() and f.name != "README.md":  # peft writes a stub card; ours replaces it
             shutil.copy2(f, tmp / f.name)
+    if params.weights_dtype == "bf16":
+        _to_bf16(tmp / "adapter_model.safetensors")
     cfg = json.loads((tmp / "adapter_config.json").read_text(encoding="utf-8"))
     cfg["base_model_name_or_path"] = recipe.get("base_model_id") or recipe["base"]
     write_json(tmp / "adapter_config.json", cfg)
@@ -230,6 +254,19 @@ def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str 
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.replace(out_dir)
     return out_dir
+
+
+def _to_bf16(path: Path) -> None:
+    """Rewrite a safetensors file with its floating tensors in bf16 (metadata kept)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
+    save_file(tensors, str(path), metadata=meta)
 
 
 def push(folder: str | os.PathLike, repo_id: str, private: bool = False, token: str | None = None) -> int:

@@ -11,6 +11,7 @@ An unknown key is an error, not something to ignore; a missing key takes the dat
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,12 +22,53 @@ T = TypeVar("T")
 PARAMS_FILE = Path("params.yaml")
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin is tuple and isinstance(value, list):
-        return tuple(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+def coerce(tp: Any, value: Any, where: str) -> Any:
+    """Check a YAML value against a dataclass field type, strictly: ``"8"`` is not an int, ``1`` is not a bool.
+
+    The only conversions are the lossless ones YAML needs: an int widens to float, a list becomes a tuple.
+    ``X | None`` accepts None; ``Literal[...]`` accepts its values. Raises ValueError naming ``where``.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return coerce(option, value, where)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {options}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where} must be a number, got {value!r}")
         return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        return tuple(coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a mapping, got {value!r}")
+        return value
     return value
 
 
@@ -38,7 +80,7 @@ def from_dict(cls: type[T], data: dict | None, section: str = "") -> T:
         raise ValueError(f"params.yaml section {section or cls.__name__!r}: unknown key(s) {unknown}; "
                          f"known: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {k: _coerce(hints.get(k), v, f"{section}.{k}") for k, v in data.items()}
+    kwargs = {k: coerce(hints[k], v, f"{section or cls.__name__}.{k}") for k, v in data.items()}
     return cls(**kwargs)
 
 

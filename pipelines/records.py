@@ -22,9 +22,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import tempfile
-import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +32,9 @@ from typing import Any
 
 import jsonschema
 from jsonschema import Draft202012Validator
+
+from ooospec.runtime import schemas
+from ooospec.runtime.calls import canonical_calls, canonical_json, norm_text, norm_value  # noqa: F401
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -41,6 +44,7 @@ CALL_UNKNOWN_TOOL = "call_unknown_tool"
 CALL_SCHEMA_VIOLATION = "call_schema_violation"
 MALFORMED_RECORD = "malformed_record"
 NO_GOLD_CALL = "no_gold_call"
+UNCHECKABLE_SCHEMA = "uncheckable_schema"  # e.g. a pattern that backtracks past the time budget on the call
 
 
 @dataclass(frozen=True)
@@ -91,86 +95,132 @@ def _schema_problem(schema_json: str) -> str | None:
         Draft202012Validator.check_schema(json.loads(schema_json))
     except jsonschema.SchemaError as e:
         return e.message[:200]
+    except RecursionError:
+        return "too deeply nested to check"
     return None
 
 
-@functools.lru_cache(maxsize=16384)
-def _validator(schema_json: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema_json))
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def validate_record(rec: dict) -> tuple[str, str] | None:
-    """Return ``(reason, detail)`` if the record is not usable, else None.
+def _json_problem(value: Any, limit: int = schemas.MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` is not plain JSON within ``limit`` levels (NaN, Infinity, a set, too deep), or None.
+    Iterative, so any depth is safe."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"holds {v!r}, which is not a JSON value"
+        if isinstance(v, dict):
+            if any(not isinstance(k, str) for k in v):
+                return "has a non-string key"
+            children = list(v.values())
+        elif isinstance(v, list):
+            children = v
+        elif v is None or isinstance(v, (str, bool, int, float)):
+            continue
+        else:
+            return f"holds a {type(v).__name__}, which is not a JSON value"
+        if depth > limit:
+            return f"nests deeper than {limit} levels"
+        stack.extend((c, depth + 1) for c in children)
+    return None
 
-    Checks the shape, that every tool's ``parameters`` is a valid JSON Schema (Draft 2020-12) of type object,
-    and that every gold call names a listed tool and its arguments validate against that tool's schema.
+
+def _shape_problem(rec: Any) -> str | None:
+    """The first field of ``rec`` that has the wrong type, named (``messages[1].content: expected ...``)."""
+    if not isinstance(rec, dict):
+        return f"a record must be a JSON object, got {_kind(rec)}"
+    for key in ("id", "source", "split", "tools", "messages", "calls"):
+        if key not in rec:
+            return f"missing field {key!r}"
+    for key in ("id", "source", "split"):
+        if not isinstance(rec[key], str) or not rec[key]:
+            return f"{key}: expected a non-empty string, got {_kind(rec[key])}"
+    for key in ("tools", "messages", "calls"):
+        if not isinstance(rec[key], list):
+            return f"{key}: expected a list, got {_kind(rec[key])}"
+    if "meta" in rec and not isinstance(rec["meta"], dict):
+        return f"meta: expected an object, got {_kind(rec['meta'])}"
+    if not rec["messages"]:
+        return "messages: expected a non-empty list of {role, content: str}"
+    for i, m in enumerate(rec["messages"]):
+        if not isinstance(m, dict):
+            return f"messages[{i}]: expected an object {{role, content}}, got {_kind(m)}"
+        if m.get("role") not in ROLES:
+            return f"messages[{i}].role: expected one of {list(ROLES)}, got {str(m.get('role'))[:40]!r}"
+        if not isinstance(m.get("content"), str):
+            return f"messages[{i}].content: expected a string, got {_kind(m.get('content'))}"
+    for i, t in enumerate(rec["tools"]):
+        if not isinstance(t, dict):
+            return f"tools[{i}]: expected an object, got {_kind(t)}"
+        if t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            return f"tools[{i}]: expected {{\"type\": \"function\", \"function\": {{...}}}}"
+    for i, c in enumerate(rec["calls"]):
+        if not isinstance(c, dict):
+            return f"calls[{i}]: expected an object {{name, arguments}}, got {_kind(c)}"
+    return None
+
+
+def validate_record(rec: Any) -> tuple[str, str] | None:
+    """Return ``(reason, detail)`` if the record is not usable, else None; never raises.
+
+    Checks the shape (the detail names the field: ``tools[1]: expected an object, got a string``), that every
+    tool's ``parameters`` is a valid JSON Schema (Draft 2020-12) of type object, and that every gold call
+    names a listed tool and its arguments validate against that tool's schema. Schemas and arguments nest at
+    most ``schemas.MAX_JSON_DEPTH`` levels and hold no NaN / Infinity. Patterns run under a time budget
+    (``schemas.PATTERN_BUDGET_S``): a pattern that backtracks catastrophically on the call's value makes the
+    record :data:`UNCHECKABLE_SCHEMA`, with the pattern and what to do in the detail.
     """
-    try:
-        for key in ("id", "source", "split", "tools", "messages", "calls"):
-            if key not in rec:
-                return MALFORMED_RECORD, f"missing field {key!r}"
-        if not rec["messages"] or any(m.get("role") not in ROLES or not isinstance(m.get("content"), str)
-                                      for m in rec["messages"]):
-            return MALFORMED_RECORD, "messages must be a non-empty list of {role, content: str}"
-        if not rec["calls"]:
-            return NO_GOLD_CALL, "record has no gold call"
-        tools = {}
-        for t in rec["tools"]:
-            fn = t.get("function", {}) if t.get("type") == "function" else {}
-            name = fn.get("name")
-            if not isinstance(name, str) or not name:
-                return MALFORMED_RECORD, f"tool without a name: {str(t)[:120]}"
-            params = fn.get("parameters")
-            if not isinstance(params, dict) or params.get("type") != "object":
-                return INVALID_TOOL_SCHEMA, f"tool {name!r}: parameters must be a JSON Schema of type object"
+    problem = _shape_problem(rec)
+    if problem is not None:
+        return MALFORMED_RECORD, problem
+    if not rec["calls"]:
+        return NO_GOLD_CALL, "record has no gold call"
+    tools = {}
+    for i, t in enumerate(rec["tools"]):
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            return MALFORMED_RECORD, f"tools[{i}]: tool without a name: {str(t)[:120]}"
+        params = fn.get("parameters")
+        if not isinstance(params, dict) or params.get("type") != "object":
+            return INVALID_TOOL_SCHEMA, f"tool {name!r}: parameters must be a JSON Schema of type object"
+        problem = _json_problem(params)
+        if problem is None:
             problem = _schema_problem(canonical_json(params))
-            if problem:
-                return INVALID_TOOL_SCHEMA, f"tool {name!r}: {problem}"
-            tools[name] = params
-        for c in rec["calls"]:
-            name, args = c.get("name"), c.get("arguments")
-            if name not in tools:
-                return CALL_UNKNOWN_TOOL, f"call {name!r} not in tools {sorted(tools)[:8]}"
-            if not isinstance(args, dict):
-                return CALL_SCHEMA_VIOLATION, f"call {name!r}: arguments must be an object"
-            err = jsonschema.exceptions.best_match(_validator(canonical_json(tools[name])).iter_errors(args))
-            if err is not None:
-                path = "/".join(str(p) for p in err.absolute_path) or "<root>"
-                return CALL_SCHEMA_VIOLATION, f"call {name!r} at {path}: {err.message[:200]}"
-    except Exception as e:  # a record shaped so oddly that the checks themselves fail
-        return MALFORMED_RECORD, f"{type(e).__name__}: {e}"[:300]
+        if problem:
+            return INVALID_TOOL_SCHEMA, f"tool {name!r}: {problem}"
+        tools[name] = params
+    for i, c in enumerate(rec["calls"]):
+        name, args = c.get("name"), c.get("arguments")
+        if not isinstance(name, str) or name not in tools:
+            return CALL_UNKNOWN_TOOL, f"calls[{i}]: call {str(name)[:80]!r} not in tools {sorted(tools)[:8]}"
+        if not isinstance(args, dict):
+            got = _kind(args)
+            return CALL_SCHEMA_VIOLATION, f"calls[{i}] {name!r}: arguments must be an object, got {got}"
+        problem = _json_problem(args)
+        if problem:
+            return MALFORMED_RECORD, f"calls[{i}] {name!r}: arguments {problem}"
+        try:
+            err = schemas.first_error(args, tools[name])
+        except schemas.UncheckableSchema as e:
+            return UNCHECKABLE_SCHEMA, f"calls[{i}] {name!r}: {e}"[:300]
+        except Exception as e:  # noqa: BLE001 - a valid metaschema still leaves odd corners to jsonschema
+            why = f"{type(e).__name__}: {e}"
+            return MALFORMED_RECORD, f"calls[{i}] {name!r}: schema check failed ({why})"[:300]
+        if err is not None:
+            path = "/".join(str(p) for p in err.absolute_path) or "<root>"
+            return CALL_SCHEMA_VIOLATION, f"call {name!r} at {path}: {err.message[:200]}"
     return None
 
 
 # ---------------------------------------------------------------- canonical forms (dedupe, hashing)
 
-def norm_text(s: str) -> str:
-    """Unicode NFKC, casefold, collapse whitespace."""
-    return " ".join(unicodedata.normalize("NFKC", s).casefold().split())
-
-
-def norm_value(v: Any) -> Any:
-    """Normalize a call argument value: strings as :func:`norm_text`, integral floats as ints, recursively."""
-    if isinstance(v, str):
-        return norm_text(v)
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, dict):
-        return {norm_text(str(k)): norm_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [norm_value(x) for x in v]
-    return v
-
-
-def canonical_json(obj: Any) -> str:
-    """Compact JSON with sorted keys: the one serialization hashed and compared."""
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def canonical_calls(calls: list[dict]) -> str:
-    return canonical_json([{"name": norm_text(c["name"]), "arguments": norm_value(c["arguments"])} for c in calls])
+# norm_text, norm_value, canonical_json and canonical_calls live in runtime/calls.py (imported above), one
+# canonicalization shared with the runtime's tool cache; they stay importable from here.
 
 
 def last_user_text(rec: dict) -> str:
@@ -190,14 +240,44 @@ def sha256_file(path: Path) -> str:
 
 # ---------------------------------------------------------------- JSONL I/O (atomic)
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file (blank lines count too).
+
+    Raises ValueError naming ``path:line`` for a line that is not UTF-8, not JSON (NaN and Infinity are not),
+    nests too deep for the parser, or is not an object.
+    """
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 (bytes {raw[e.start:e.start + 4]!r} at column "
+                                 f"{e.start + 1}); re-encode the file as UTF-8") from None
+            if not line.strip():
+                continue
+            line = line.rstrip("\r\n")
+            try:
+                obj = json.loads(line, parse_constant=_reject_constant)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.pos + 1})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{lineno}: JSON nests too deep to read") from None
+            except ValueError as e:  # NaN / Infinity, an integer past int_max_str_digits
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict):  # a data error like the others: one exception type for callers
+                got = _kind(obj)
+                raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {got}")  # noqa: TRY004
+            yield lineno, obj
+
+
 def read_jsonl(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    """The objects of a JSON-lines file (see :func:`iter_jsonl` for what raises)."""
+    for _, obj in iter_jsonl(path):
+        yield obj
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -68,7 +68,7 @@ class TeacherParams:
     max_new_tokens: int = 256
     limit: int | None = None              # decode at most this many records (seeded sample of the sorted ids)
     seed: int = 0
-    dtype: str = "fp32"                   # transformers: fp32 | bf16; vllm: bf16 is used when "bf16"
+    dtype: str = "auto"                   # transformers: auto | fp32 | bf16 (auto: bf16 only where the CPU/GPU multiplies it natively); vllm: bf16 when "bf16", else vLLM's auto
     threads: int | None = None            # transformers: torch threads
     batch_size: int = 64                  # vllm: records per generate() call (= per partial-file flush)
     tensor_parallel_size: int = 1         # vllm

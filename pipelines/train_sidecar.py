@@ -1,18 +1,15 @@
-"""DVC stage ``train_sidecar``: LoRA-train the OoO-Spec semantic sidecar on slot rows, one epoch, then freeze.
+"""DVC stage ``train_sidecar``: LoRA-train the OoO-Spec sidecar on packed request rows, one epoch, then freeze.
 
-The sidecar is a small causal LM plus a LoRA adapter. It learns three kinds of prompt -> completion pairs that
-``expand_slots`` cut from normalized teacher calls (OoO-Spec, arXiv 2608.00814, "slot supervision")::
+The sidecar is a small causal LM plus a LoRA adapter. Each training sequence is ONE request of
+``data/slots/train.jsonl`` packed with its shared block and every slot's query/answer segment
+(:mod:`ooospec.pipelines.packing`): a 4D mask lets each segment see the block and itself only, with position
+ids continuing from the block -- the visibility the runtime's one-pass wave has. The loss covers answer
+tokens + EOS only (the paper's "one epoch of causal cross-entropy", then the adapter is frozen and used
+unchanged across targets). Training is the HF stack: peft ``get_peft_model`` + transformers ``Trainer`` with
+the packing collator; bf16 autocast where the hardware has native bf16 (recipe ``autocast: auto``).
 
-    {"form": "function_index", "completion": "2"}                  # which tool (index into the tool list) or null
-    {"form": "argument",       "completion": "\\"Paris\\""}         # one argument's compact-JSON value, or null
-    {"form": "direct_call",    "completion": "{\\"arguments\\":{..},\\"name\\":\\"f\\"}"}   # the whole call
-
-Training is trl's ``SFTTrainer`` on a prompt-completion dataset with ``completion_only_loss=True``: the loss
-covers the completion tokens plus the EOS that trl appends, never the prompt (the paper's "one epoch of causal
-cross-entropy", then the adapter is frozen and used unchanged across targets).
-
-Everything about *how* to train lives in a recipe (``recipes/*.yaml`` -> :class:`Recipe`); params.yaml's
-``train_sidecar`` section (:class:`TrainSidecarParams`) only picks the recipe and bounds the CPU run::
+Everything about *how* to train lives in a recipe (``recipes/*.yaml`` -> :class:`~ooospec.pipelines.recipe.Recipe`);
+params.yaml's ``train_sidecar`` section (:class:`TrainSidecarParams`) only picks the recipe and bounds the run::
 
     python -m ooospec.pipelines.train_sidecar data/slots/train.jsonl models/sidecar metrics/train_sidecar.json
     accelerate launch --config_file recipes/accelerate_multi_gpu.yaml -m ooospec.pipelines.train_sidecar \\
@@ -21,6 +18,7 @@ Everything about *how* to train lives in a recipe (``recipes/*.yaml`` -> :class:
 Outputs (``out_dir`` = models/sidecar)::
 
     adapter/        peft save_pretrained (adapter_model.safetensors, adapter_config.json) + tokenizer
+                    + sidecar.json (prompt layout version, base, data and training summary)
     checkpoints/    Trainer checkpoints every ``save_steps`` (resumed from when ``resume`` and the run matches)
     recipe.yaml     the resolved recipe;  params.json  the params section;  both travel with the export
     wandb/          offline W&B run (when the recipe reports to wandb and no WANDB_DIR is set)
@@ -37,233 +35,59 @@ import os
 import random
 import shutil
 import time
-import typing
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from ooospec.pipelines.packing import PackedCollator, pack_rows
 from ooospec.pipelines.params import as_dict, load_section
-from ooospec.pipelines.records import atomic_write_text, canonical_json, read_jsonl, sha256_file, write_json
+from ooospec.pipelines.recipe import Recipe, load_base, load_recipe, recipe_to_yaml
+from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
+from ooospec.pipelines.slot_rows import read_request_rows
+from ooospec.runtime import sidecar_prompts as sp
 
 logger = logging.getLogger(__name__)
 
-FORMS = ("function_index", "argument", "direct_call")
-ROW_KEYS = ("id", "record_id", "form", "function", "parameter", "prompt", "completion")
-DTYPES = ("fp32", "bf16")
-REPORTERS = ("none", "wandb", "tensorboard")
 FINGERPRINT_FILE = "run_fingerprint.json"
 
 
-# ------------------------------------------------------------------------------------------ params + recipe
-
 @dataclass(frozen=True)
 class TrainSidecarParams:
-    """params.yaml section ``train_sidecar``. Defaults are the bounded CPU run (<= 20 min on 2 cores)."""
+    """params.yaml section ``train_sidecar``. Defaults are the small CPU run of the README's first command."""
 
     recipe: str = "recipes/cpu_default.yaml"  # path to a recipes/*.yaml, relative to the repo root
-    max_train_rows: int = 400  # bounded, seeded subset of data/slots/train.jsonl (~15 min, 2 cores); 0 = all
+    max_train_requests: int = 0  # bounded, seeded subset of the request rows; 0 = all
     seed: int = 0
-    threads: int = 2  # torch.set_num_threads on CPU; 0 = leave torch's default
+    threads: int = 0  # torch.set_num_threads on CPU; 0 = the cores this process may use
     resume: bool = True  # continue from the latest checkpoint of the same run (same data, recipe, params)
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """A sidecar training recipe (recipes/*.yaml). Unknown keys are an error; see :func:`load_recipe`.
-
-    ``base`` is anything ``ooospec.runtime.models.load_target`` takes (registry name, local folder, hub id);
-    ``base_model_id`` is the Hub id written into the adapter config and the model card.
-    """
-
-    base: str
-    base_model_id: str = ""
-    dtype: str = "fp32"  # weights dtype at load: fp32 | bf16
-    bf16: bool = False  # bf16 autocast in the Trainer (GPU recipes); independent of ``dtype``
-    # LoRA
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    init_lora_weights: bool = True  # False = random B too (tests: a non-identity adapter from step 0)
-    # optimisation
-    learning_rate: float = 2e-4
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = 0.03  # fraction of total steps (Trainer's ``warmup_steps`` as a float in [0, 1))
-    weight_decay: float = 0.0
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    num_train_epochs: float = 1.0  # the paper trains one epoch
-    max_steps: int = -1  # > 0 overrides epochs (smoke runs)
-    max_len: int = 1024  # rows whose prompt + completion + EOS exceed this are dropped (and counted)
-    group_by_length: bool = True  # batches of similar length: less padding, much faster on CPU
-    gradient_checkpointing: bool = False
-    # bookkeeping
-    logging_steps: int = 5
-    save_steps: int = 50
-    save_total_limit: int = 2
-    report_to: str = "wandb"
-    wandb_project: str = "ooo-spec"
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not self.base:
-            problems.append("base must name a model")
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.report_to not in REPORTERS:
-            problems.append(f"report_to must be one of {REPORTERS}, got {self.report_to!r}")
-        for name in ("lora_r", "lora_alpha", "per_device_train_batch_size", "gradient_accumulation_steps",
-                     "max_len", "logging_steps", "save_steps"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            problems.append(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.learning_rate <= 0:
-            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
-        if not self.target_modules or "lm_head" in self.target_modules:
-            problems.append(f"target_modules must be non-empty and exclude lm_head, got {list(self.target_modules)}")
-        if self.num_train_epochs <= 0 and self.max_steps <= 0:
-            problems.append("one of num_train_epochs or max_steps must be > 0")
-        if problems:
-            raise ValueError("invalid recipe: " + "; ".join(problems))
-
-
-def recipe_from_dict(data: dict, source: str = "<dict>") -> Recipe:
-    """Build a :class:`Recipe`, rejecting unknown keys and wrong types by name.
-
-    >>> recipe_from_dict({"base": "smollm2-135m", "lora_r": 8}).lora_r
-    8
-    >>> recipe_from_dict({"base": "x", "lora_rank": 8})
-    Traceback (most recent call last):
-    ValueError: <dict>: unknown recipe key(s) ['lora_rank']; known: [...]
-    """
-    if not isinstance(data, dict):
-        raise TypeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(Recipe)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{source}: unknown recipe key(s) {unknown}; known: {sorted(fields)}")
-    if "base" not in data:
-        raise ValueError(f"{source}: recipe needs a 'base' model")
-    hints = typing.get_type_hints(Recipe)
-    kwargs = {}
-    for key, value in data.items():
-        kwargs[key] = _coerce(hints[key], value, f"{source}: {key}")
-    try:
-        return Recipe(**kwargs)
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
-
-
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    """Check a YAML value against a field type; ints widen to float, lists become tuples."""
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true/false, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{where} must be a string, got {value!r}")
-        return value
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{where} must be a list of strings, got {value!r}")
-        return tuple(value)
-    return value
-
-
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate ``recipes/*.yaml``."""
-    path = Path(path)
-    if not path.is_file():
-        known = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise FileNotFoundError(f"recipe {str(path)!r} not found (recipes there: {known})")
-    with open(path, encoding="utf-8") as f:
-        return recipe_from_dict(yaml.safe_load(f), str(path))
-
-
-def recipe_to_yaml(recipe: Recipe) -> str:
-    return yaml.safe_dump(as_dict(recipe), sort_keys=False)
-
-
 # ------------------------------------------------------------------------------------------------ rows
-
-def read_slot_rows(path: str | os.PathLike) -> list[dict]:
-    """Read slot rows; a row missing a key or with an unknown ``form`` raises, naming the row."""
-    rows = []
-    for i, row in enumerate(read_jsonl(Path(path)), 1):
-        missing = [k for k in ROW_KEYS if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{i}: slot row {row.get('id')!r} lacks {missing}")
-        if row["form"] not in FORMS:
-            raise ValueError(f"{path}:{i}: slot row {row['id']!r} has form {row['form']!r}, expected one of {FORMS}")
-        if not isinstance(row["prompt"], str) or not isinstance(row["completion"], str):
-            raise TypeError(f"{path}:{i}: slot row {row['id']!r}: prompt and completion must be strings")
-        rows.append(row)
-    return rows
-
 
 def _rank(seed: int, key: str) -> str:
     return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
 
 
-def select_rows(rows: list[dict], max_rows: int, seed: int) -> list[dict]:
-    """A seeded subset of at most ``max_rows`` rows (0 = all), by hash of ``seed:id``; output in that hash order.
+def select_requests(rows: list[dict], max_requests: int, seed: int) -> list[dict]:
+    """A seeded subset of at most ``max_requests`` rows (0 = all), by hash of ``seed:id``; output in that order.
 
-    The choice of one row never depends on the others, so growing ``max_rows`` only adds rows, and the same
+    The choice of one row never depends on the others, so growing ``max_requests`` only adds rows, and the same
     (rows, seed) always gives the same subset whatever the file order.
     """
-    if max_rows < 0:
-        raise ValueError(f"max_train_rows must be >= 0 (0 = all), got {max_rows}")
+    if max_requests < 0:
+        raise ValueError(f"max_train_requests must be >= 0 (0 = all), got {max_requests}")
     ranked = sorted(rows, key=lambda r: _rank(seed, r["id"]))
-    return ranked if max_rows == 0 else ranked[:max_rows]
+    return ranked if max_requests == 0 else ranked[:max_requests]
 
 
-def split_by_length(rows: list[dict], tokenizer, max_len: int) -> tuple[list[dict], list[dict]]:
-    """``(kept, too_long)``: a row is kept when ``len(tok(prompt + completion + eos)) <= max_len``.
-
-    SFTTrainer would otherwise cut the sequence at ``max_len`` from the right and train on a truncated
-    completion (or drop it), silently; we drop and count instead.
-    """
-    eos = tokenizer.eos_token or ""
-    texts = [r["prompt"] + r["completion"] + eos for r in rows]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
-    kept = [r for r, n in zip(rows, lengths) if n <= max_len]
-    too_long = [r for r, n in zip(rows, lengths) if n > max_len]
-    return kept, too_long
-
-
-def count_forms(rows: Iterable[dict]) -> dict[str, int]:
-    counts = {f: 0 for f in FORMS}
+def count_forms(rows: list[dict]) -> dict[str, int]:
+    counts = {f: 0 for f in sp.FORMS}
     for r in rows:
-        counts[r["form"]] += 1
+        for s in r["slots"]:
+            counts[s["form"]] += 1
     return counts
 
 
 # ------------------------------------------------------------------------------------------------ model
-
-def load_base(recipe: Recipe, threads: int | None = None):
-    """``(model, tokenizer)`` of the recipe's base via ``load_target`` (registry name, local folder or hub id)."""
-    from ooospec.runtime.models import load_target
-
-    model, tok = load_target(recipe.base, dtype=recipe.dtype, threads=threads or None)
-    if tok.eos_token is None:
-        raise ValueError(f"base {recipe.base!r}: tokenizer has no eos_token; completions need one to stop")
-    return model, tok
-
 
 def lora_config(recipe: Recipe):
     from peft import LoraConfig
@@ -271,6 +95,18 @@ def lora_config(recipe: Recipe):
     return LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout,
                       target_modules=list(recipe.target_modules), init_lora_weights=recipe.init_lora_weights,
                       bias="none", task_type="CAUSAL_LM")
+
+
+def resolve_autocast(recipe: Recipe, threads: int) -> tuple[bool, str]:
+    """``(bf16 autocast on?, reason)`` for the recipe's ``autocast`` on this machine."""
+    if recipe.autocast == "none":
+        return False, "recipe: autocast none"
+    if recipe.autocast == "bf16":
+        return True, "recipe: autocast bf16"
+    from ooospec.runtime.hardware import resolve_dtype
+
+    dtype, why = resolve_dtype("auto", threads=threads)
+    return dtype == "bf16", why
 
 
 def configure_wandb(report_to: str, out_dir: Path, project: str) -> None:
@@ -286,13 +122,12 @@ def configure_wandb(report_to: str, out_dir: Path, project: str) -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def sft_config(recipe: Recipe, output_dir: Path, seed: int, report_to: str | None = None):
-    """The trl ``SFTConfig`` for a recipe: prompt-completion data, completion-only loss, checkpoints."""
+def training_args(recipe: Recipe, output_dir: Path, seed: int, bf16: bool, report_to: str | None = None):
+    """The transformers ``TrainingArguments`` of a recipe: packed batches kept whole, checkpoints, one epoch."""
     import torch
-    from trl import SFTConfig
+    from transformers import TrainingArguments
 
-    on_gpu = torch.cuda.is_available()
-    return SFTConfig(
+    return TrainingArguments(
         output_dir=str(output_dir),
         seed=seed,
         data_seed=seed,
@@ -305,12 +140,10 @@ def sft_config(recipe: Recipe, output_dir: Path, seed: int, report_to: str | Non
         warmup_steps=recipe.warmup_ratio,
         weight_decay=recipe.weight_decay,
         activation_checkpointing=recipe.gradient_checkpointing,
-        bf16=recipe.bf16,  # CUDA autocast, or CPU autocast (fast with AMX/avx512_bf16)
-        use_cpu=not on_gpu,
-        max_length=recipe.max_len,
+        bf16=bf16,  # autocast: CUDA, or CPU (fast with AMX / avx512_bf16)
+        use_cpu=not torch.cuda.is_available(),
         train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
-        completion_only_loss=True,
-        packing=False,
+        remove_unused_columns=False,  # the collator needs segment_ids / position_ids
         logging_steps=recipe.logging_steps,
         save_strategy="steps",
         save_steps=recipe.save_steps,
@@ -322,30 +155,35 @@ def sft_config(recipe: Recipe, output_dir: Path, seed: int, report_to: str | Non
     )
 
 
-def build_trainer(model, tokenizer, rows: list[dict], recipe: Recipe, output_dir: Path, seed: int,
-                  report_to: str | None = None):
-    """An ``SFTTrainer`` over ``rows`` (prompt-completion pairs) with a fresh LoRA on ``model``.
+def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, output_dir: Path, seed: int,
+                  bf16: bool = False, report_to: str | None = None):
+    """A transformers ``Trainer`` over packed ``sequences`` with a fresh LoRA on ``model``.
 
     The returned trainer's ``model`` is the ``PeftModel``; only LoRA weights have ``requires_grad``.
     """
     import torch
     from datasets import Dataset
     from peft import get_peft_model
-    from trl import SFTTrainer
+    from transformers import Trainer
 
     torch.manual_seed(seed)  # LoRA A init (and B when init_lora_weights=False)
     peft_model = get_peft_model(model, lora_config(recipe))
-    data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
-    return SFTTrainer(model=peft_model, args=sft_config(recipe, output_dir, seed, report_to),
-                      train_dataset=data, processing_class=tokenizer)
+    data = Dataset.from_list([{**s, "length": len(s["input_ids"])} for s in sequences])
+    collator = PackedCollator(tokenizer.pad_token_id, mask_dtype=model.dtype)
+    return Trainer(model=peft_model, args=training_args(recipe, output_dir, seed, bf16, report_to),
+                   train_dataset=data, data_collator=collator, processing_class=tokenizer)
 
 
 # --------------------------------------------------------------------------------------------- resume
 
 def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str) -> str:
-    """What must match for a checkpoint to be resumed: data file, recipe and the params section."""
-    return hashlib.sha256(canonical_json({"params": as_dict(params), "recipe": as_dict(recipe),
-                                          "data": data_sha}).encode()).hexdigest()
+    """What must match for a checkpoint to be resumed: data file, recipe, params and the prompt layout.
+
+    The thread count and ``resume`` are not part of it: a run may continue on another number of cores.
+    """
+    run_params = {k: v for k, v in as_dict(params).items() if k not in ("threads", "resume")}
+    return hashlib.sha256(canonical_json({"params": run_params, "recipe": as_dict(recipe), "data": data_sha,
+                                          "layout": sp.LAYOUT_VERSION}).encode()).hexdigest()
 
 
 def _checkpoint_step(ckpt: Path) -> int:
@@ -435,31 +273,35 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     """
     import torch
 
+    from ooospec.runtime.hardware import cpu_info, resolve_threads
+
     out_dir, metrics_path = Path(out_dir), Path(metrics_path)
     recipe_source = params.recipe if recipe is None else "<given>"
     recipe = recipe or load_recipe(params.recipe)
     seed_everything(params.seed)
-    if params.threads > 0:
-        torch.set_num_threads(params.threads)
+    threads, threads_why = resolve_threads(params.threads)
+    torch.set_num_threads(threads)
     configure_wandb(recipe.report_to, out_dir, recipe.wandb_project)
 
-    all_rows = read_slot_rows(train_path)
+    all_rows = read_request_rows(train_path)
     if not all_rows:
-        raise ValueError(f"{train_path}: no slot rows to train on")
-    chosen = select_rows(all_rows, params.max_train_rows, params.seed)
-    model, tok = load_base(recipe, params.threads)
-    rows, too_long = split_by_length(chosen, tok, recipe.max_len)
-    if too_long:
-        logger.warning("dropped %d of %d rows longer than max_len=%d tokens (e.g. %s)",
-                       len(too_long), len(chosen), recipe.max_len, too_long[0]["id"])
-    if not rows:
-        raise ValueError(f"every selected row is longer than max_len={recipe.max_len}; raise it in the recipe")
+        raise ValueError(f"{train_path}: no request rows to train on")
+    chosen = select_requests(all_rows, params.max_train_requests, params.seed)
+    model, tok = load_base(recipe, threads)
+    sequences, pack = pack_rows(tok, chosen, recipe.max_len)
+    if pack.slots_dropped:
+        logger.warning("dropped %d of %d slots: block + slot longer than max_len=%d tokens",
+                       pack.slots_dropped, pack.slots, recipe.max_len)
+    if not sequences:
+        raise ValueError(f"nothing fits max_len={recipe.max_len}; raise it in the recipe")
+    bf16, autocast_why = resolve_autocast(recipe, threads)
+    logger.info("bf16 autocast %s (%s); threads %d (%s)", "on" if bf16 else "off", autocast_why, threads,
+                threads_why)
 
     ckpt_dir = out_dir / "checkpoints"
     resume_from = prepare_checkpoints(ckpt_dir, run_fingerprint(params, recipe, sha256_file(Path(train_path))),
                                       params.resume)
-    trainer = build_trainer(model, tok, rows, recipe, ckpt_dir, params.seed)
-    trained_tokens = sum(sum(1 for t in labels if t != -100) for labels in trainer.train_dataset["labels"])
+    trainer = build_trainer(model, tok, sequences, recipe, ckpt_dir, params.seed, bf16)
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     if resume_from is not None and checkpoint_is_final(resume_from):
         # the run already finished: Trainer would step once more past max_steps on such a resume (seen with
@@ -478,9 +320,13 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "base": recipe.base,
         "base_model_id": recipe.base_model_id,
         "recipe": recipe_source,
-        "rows": {"available": len(all_rows), "selected": len(chosen), "dropped_too_long": len(too_long),
-                 "trained": len(rows), "by_form": count_forms(rows)},
-        "completion_tokens": trained_tokens,
+        "layout_version": sp.LAYOUT_VERSION,
+        "requests": {"available": len(all_rows), "trained": len(chosen)},
+        "slots": {"trained": pack.slots - pack.slots_dropped, "dropped_too_long": pack.slots_dropped,
+                  "by_form": count_forms(chosen)},
+        "sequences": pack.sequences,
+        "tokens": pack.tokens,
+        "label_tokens": pack.label_tokens,
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch or 0.0, 4),
         "resumed_from": resume_from.name if resume_from else None,
@@ -491,17 +337,28 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "loss_curve": curve,
         "train_seconds": round(wall, 2),
         "train_cpu_seconds": round(cpu, 2),  # user+sys of this process: wall x threads on an idle machine
-        "threads": torch.get_num_threads(),
+        "threads": threads,
+        "bf16_autocast": bf16,
+        "bf16_autocast_reason": autocast_why,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "cpu": cpu_info(),
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     }
     if trainer.is_world_process_zero():
-        save_adapter(trainer, tok, out_dir / "adapter")
+        save_adapter(trainer, tok, out_dir / "adapter", sidecar_metadata(recipe, metrics))
         atomic_write_text(out_dir / "recipe.yaml", recipe_to_yaml(recipe))
         write_json(out_dir / "params.json", {"train_sidecar": as_dict(params)})
         write_json(metrics_path, metrics)
-    logger.info("trained %d rows in %.1fs, final loss %s", len(rows), wall, metrics["final_loss"])
+    logger.info("trained %d requests (%d sequences) in %.1fs, final loss %s", len(chosen), pack.sequences, wall,
+                metrics["final_loss"])
     return metrics
+
+
+def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:
+    """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (see runtime/sidecar.py)."""
+    return {"layout_version": sp.LAYOUT_VERSION, "base": recipe.base, "base_model_id": recipe.base_model_id,
+            "lora_r": recipe.lora_r, "requests_trained": metrics["requests"]["trained"],
+            "slots_trained": metrics["slots"]["trained"], "steps": metrics["steps"]}
 
 
 def _sort_target_modules(config_path: Path) -> None:
@@ -512,13 +369,16 @@ def _sort_target_modules(config_path: Path) -> None:
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def save_adapter(trainer, tokenizer, adapter_dir: Path) -> None:
-    """peft ``save_pretrained`` (adapter_model.safetensors + adapter_config.json) and the tokenizer."""
+def save_adapter(trainer, tokenizer, adapter_dir: Path, metadata: dict) -> None:
+    """peft ``save_pretrained`` (adapter_model.safetensors + adapter_config.json), the tokenizer, sidecar.json."""
+    from ooospec.runtime.sidecar import METADATA_FILE
+
     tmp = adapter_dir.with_name(adapter_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     trainer.model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     _sort_target_modules(tmp / "adapter_config.json")
+    (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(adapter_dir, ignore_errors=True)
     tmp.replace(adapter_dir)
 
@@ -526,13 +386,14 @@ def save_adapter(trainer, tokenizer, adapter_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------------ CLI
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("train", help="slot rows (data/slots/train.jsonl)")
+    parser.add_argument("train", help="request rows (data/slots/train.jsonl)")
     parser.add_argument("out_dir", help="output folder (models/sidecar)")
     parser.add_argument("metrics", help="metrics JSON (metrics/train_sidecar.json)")
     parser.add_argument("--params", default="params.yaml", help="params file (section train_sidecar)")
     parser.add_argument("--recipe", default=None, help="override params' recipe (e.g. recipes/gpu_qwen3_0.6b.yaml)")
-    parser.add_argument("--max-train-rows", type=int, default=None, help="override params' max_train_rows (0 = all)")
-    parser.add_argument("--threads", type=int, default=None, help="override params' threads")
+    parser.add_argument("--max-train-requests", type=int, default=None,
+                        help="override params' max_train_requests (0 = all)")
+    parser.add_argument("--threads", type=int, default=None, help="override params' threads (0 = all cores)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -540,13 +401,13 @@ def run_cli(args: argparse.Namespace) -> int:
     params = load_section(TrainSidecarParams, "train_sidecar", Path(args.params))
     if args.recipe:
         params = dataclasses.replace(params, recipe=args.recipe)
-    if args.max_train_rows is not None:
-        params = dataclasses.replace(params, max_train_rows=args.max_train_rows)
+    if args.max_train_requests is not None:
+        params = dataclasses.replace(params, max_train_requests=args.max_train_requests)
     if args.threads is not None:
         params = dataclasses.replace(params, threads=args.threads)
     m = run(params, args.train, args.out_dir, args.metrics)
-    print(f"train_sidecar: {m['rows']['trained']} rows, {m['steps']} steps, loss {m['final_loss']}, "
-          f"{m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")
+    print(f"train_sidecar: {m['requests']['trained']} requests ({m['sequences']} sequences), {m['steps']} steps, "
+          f"loss {m['final_loss']}, {m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Greedy-exact tree speculative decoding, batch 1: propose -> build tree -> one forward -> accept -> commit.
+"""Greedy-exact tree speculative decoding, batch 1: propose -> plan tree -> one forward -> accept -> commit.
 
 Whatever the drafters propose, the output equals plain greedy decoding of the target token for token
 (``tests/runtime/test_engine_exact.py`` checks this against HF ``generate(do_sample=False)``); drafters only
@@ -11,8 +11,14 @@ Public API (what ``eval/bench.py`` uses)::
     result = engine.generate(input_ids, max_new_tokens=256, stop=None)    # input_ids: list[int] (rendered prompt)
     result.tokens        # list[int] generated tokens (EOS included when it stopped on EOS)
     result.n_forwards    # verification forwards (the prefill is not counted)
-    result.steps         # [StepStats(tree_size, accepted, new_tokens, t_draft, t_forward, tie_stop)]
+    result.steps         # [StepStats(tree_size, accepted, new_tokens, t_draft, t_forward, tie_stop, proposed_nodes)]
     result.prefill_s, result.decode_s, result.stop_reason   # "eos" | "stop" | "max_new_tokens"
+
+Which draft nodes a step verifies is the tree policy's choice: ``"budget"`` (default,
+:mod:`ooospec.runtime.budget`) picks the nodes that maximize expected committed tokens per second of forward
+time from each drafter's online acceptance (``engine.acceptance``, per drafter ``name``) and the target's measured
+forward cost (:mod:`ooospec.runtime.cost_model`, measured once per model/dtype/threads, cached); ``"fixed"``
+fills ``max_draft_nodes`` round-robin by rank (:func:`merge_candidates`).
 
 ``stop(generated_tokens) -> bool`` is called after every committed token (e.g. "the tool call is closed");
 generation ends right after the first token for which it returns True, exactly where plain decoding would end.
@@ -32,12 +38,15 @@ from typing import Literal
 
 from transformers import PreTrainedModel
 
+from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, plan_tree
+from ooospec.runtime.cost_model import ForwardCost, forward_cost
 from ooospec.runtime.drafting import DraftContext, Drafter
 from ooospec.runtime.kv_cache import KVCache
-from ooospec.runtime.tree import build_tree
+from ooospec.runtime.tree import DraftTree, build_tree
 from ooospec.runtime.verify import accept_greedy, default_tie_margin
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
+TreePolicy = Literal["budget", "fixed"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class StepStats:
     t_draft: float      # seconds in the drafters
     t_forward: float    # seconds in the target forward + acceptance (acceptance reads logits, which syncs)
     tie_stop: bool      # acceptance stopped at a near-tie; the next step is a one-token forward
+    proposed_nodes: int = 0   # distinct draft nodes the drafters proposed (before the policy chose tree_size - 1)
 
 
 @dataclass
@@ -88,8 +98,14 @@ class SpecEngine:
         model: a causal LM loaded with ``attn_implementation`` "sdpa" or "eager", in eval mode.
         drafters: objects following :class:`~ooospec.runtime.drafting.Drafter`; none = plain greedy decoding
             (one token per forward, through the same cache code).
-        max_draft_nodes: node budget of a tree, root excluded.
+        policy: ``"budget"`` (choose the tree for expected tokens per second) or ``"fixed"`` (fill the node budget).
+        max_draft_nodes: the most draft nodes in a tree (root excluded): the budget under ``"fixed"``, a cap under
+            ``"budget"``.
         max_depth: longest candidate kept.
+        cost: the target's forward cost for ``"budget"``; None = :func:`~ooospec.runtime.cost_model.forward_cost`
+            (measured on first use, cached on disk per model, dtype, threads and machine).
+        acceptance: online acceptance estimates; pass one instance to several engines to share what they learn
+            across requests. None = a fresh one for this engine (it still learns across this engine's calls).
         tie_margin: stop acceptance before a choice whose top-2 logit margin is below this; that token then
             comes from a one-token forward. ``0`` = off. ``None`` (default) = ``default_tie_margin(model.dtype)``:
             off in fp32/fp64, on in bf16/fp16.
@@ -102,18 +118,26 @@ class SpecEngine:
         model: PreTrainedModel,
         drafters: Sequence[Drafter] = (),
         *,
-        max_draft_nodes: int = 32,
+        policy: TreePolicy = "budget",
+        max_draft_nodes: int = 63,
         max_depth: int = 16,
+        cost: ForwardCost | None = None,
+        acceptance: AcceptanceStats | None = None,
         tie_margin: float | None = None,
         eos_token_ids: Sequence[int] = (),
         record_margins: bool = False,
     ):
         if max_draft_nodes < 0 or max_depth < 1:
             raise ValueError(f"need max_draft_nodes >= 0 and max_depth >= 1, got {max_draft_nodes}, {max_depth}")
+        if policy not in ("budget", "fixed"):
+            raise ValueError(f"policy must be 'budget' or 'fixed', got {policy!r}")
         self.model = model
         self.drafters = list(drafters)
+        self.policy = policy
         self.max_draft_nodes = max_draft_nodes
         self.max_depth = max_depth
+        self.cost = cost
+        self.acceptance = acceptance if acceptance is not None else AcceptanceStats()
         self.tie_margin = default_tie_margin(model.dtype) if tie_margin is None else tie_margin
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.record_margins = record_margins
@@ -121,18 +145,18 @@ class SpecEngine:
         self.kv = KVCache(model)
         self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
 
-    def propose(self, ctx: DraftContext) -> list[list[int]]:
-        """All drafters' candidates, merged (see :func:`merge_candidates`).
+    def propose(self, ctx: DraftContext) -> list[Proposal]:
+        """Every drafter's candidates as :class:`~ooospec.runtime.budget.Proposal` s, in drafter order.
 
         A drafter can only change speed, never the output, and it cannot stop generation either: a drafter that
         raises, or proposes token ids outside the vocabulary, loses that step's candidates (counted in
         ``drafter_faults``, warned once per drafter) and the step goes on with the others.
         """
-        per_drafter = []
+        proposals: list[Proposal] = []
         for drafter in self.drafters:
             name = getattr(drafter, "name", type(drafter).__name__)
             try:
-                cands = [list(c) for c in drafter.propose(ctx)]
+                cands = [tuple(int(t) for t in c) for c in drafter.propose(ctx)]
             except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
                 self._fault(name, f"raised {type(e).__name__}: {e}")
                 continue
@@ -140,8 +164,21 @@ class SpecEngine:
             if len(valid) < len(cands):
                 bad = next(c for c in cands if c not in valid)
                 self._fault(name, f"proposed token ids outside [0, {self.vocab_size}) at step {ctx.step}: {bad[:20]}")
-            per_drafter.append(valid)
-        return merge_candidates(per_drafter)
+            proposals.extend(Proposal(name, rank, c) for rank, c in enumerate(valid) if c)
+        return proposals
+
+    def plan(self, root: int, proposals: Sequence[Proposal]) -> tuple[DraftTree, int]:
+        """The tree to verify (chosen by the budget policy, or the fixed budget filled round-robin by rank) and
+        the number of distinct draft nodes proposed."""
+        full = candidate_tree(root, proposals, self.max_depth)
+        if self.policy == "budget":
+            tree = plan_tree(full, proposals, self.acceptance, self.cost, self.max_draft_nodes, self.max_depth)
+            return tree, full.num_nodes - 1
+        per_drafter: dict[str, list[tuple[int, ...]]] = {}
+        for p in proposals:
+            per_drafter.setdefault(p.drafter, []).append(p.tokens)
+        merged = merge_candidates(list(per_drafter.values()))
+        return build_tree(root, merged, self.max_draft_nodes, self.max_depth), full.num_nodes - 1
 
     def _fault(self, name: str, what: str) -> None:
         if name not in self.drafter_faults:
@@ -170,6 +207,9 @@ class SpecEngine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
+        if self.drafters and self.policy == "budget" and self.cost is None:
+            self.cost = forward_cost(self.model)   # measured once per model/dtype/threads, before the clock starts
+        self.acceptance.start_request()
         t_start = time.perf_counter()
         self.kv.reset()
         self.kv.prefill(prompt[:-1])
@@ -181,15 +221,16 @@ class SpecEngine:
         one_token_next, reason = False, None
         while reason is None:
             t0 = time.perf_counter()
-            cands = []
+            proposals = []
             if self.drafters and not one_token_next:
-                cands = self.propose(DraftContext(tuple(tokens), len(prompt), len(steps)))
-            tree = build_tree(tokens[-1], cands, self.max_draft_nodes, self.max_depth)
+                proposals = self.propose(DraftContext(tuple(tokens), len(prompt), len(steps)))
+            tree, proposed = self.plan(tokens[-1], proposals)
             t1 = time.perf_counter()
             logits = self.kv.forward_tree(tree)
             acc = accept_greedy(tree, logits, self.tie_margin, with_margins=self.record_margins)
             t2 = time.perf_counter()
             self.kv.commit(acc.kept_nodes)
+            self.acceptance.record_step(tree, proposals, acc)
             one_token_next = acc.bonus is None
 
             num_new = 0
@@ -203,7 +244,7 @@ class SpecEngine:
                 if reason is not None:
                     break
             steps.append(StepStats(tree.num_nodes, len(acc.accepted_tokens), num_new, t1 - t0, t2 - t1,
-                                   one_token_next))
+                                   one_token_next, proposed))
         t_end = time.perf_counter()
 
         for drafter in self.drafters:

@@ -39,7 +39,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ooospec.runtime.tree import DraftTree, causal_mask, tree_mask, tree_positions
+from ooospec.runtime.tree import DraftTree, causal_mask, tree_mask, tree_positions, visibility_mask
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
@@ -149,6 +149,34 @@ class KVCache:
         ids = torch.tensor([tree.tokens], dtype=torch.long, device=dev)
         logits = self._forward(ids, tree_positions(tree, self.length, dev), masks, logits_to_keep=0)
         self.pending = tree.num_nodes
+        return logits
+
+    def forward_masked(self, tokens: Sequence[int], positions: torch.Tensor, visible: torch.Tensor,
+                       key_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``tokens`` on top of the cache with an explicit visibility; returns logits ``[q, vocab]``.
+
+        ``positions`` ``[q]`` are their position ids, ``visible`` bool ``[q, length + q]`` says which cache entries
+        and which of the new tokens each new token attends to, ``key_positions`` ``[length + q]`` are the position
+        ids of every key (needed only for sliding-window layers). The new entries stay pending until
+        :meth:`commit`; ``commit(range(q))`` keeps them all (a forest of branches, e.g. the sidecar's wave).
+        """
+        if self.pending:
+            raise RuntimeError("forward_masked() called with an uncommitted forward; call commit() first")
+        q, dev = len(tokens), self.device
+        if tuple(visible.shape) != (q, self.length + q):
+            raise ValueError(f"visible must be [{q}, {self.length + q}], got {tuple(visible.shape)}")
+        positions = positions.to(dev)
+        if key_positions is None:
+            if any(w is not None for w in self.windows.values()):
+                raise ValueError("key_positions are needed for a model with sliding-window layers")
+            key_positions = torch.zeros(self.length + q, dtype=torch.long, device=dev)
+
+        def build(window: int | None) -> torch.Tensor:
+            return visibility_mask(visible.to(dev), positions, key_positions.to(dev), self.model.dtype, window)
+
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
+        logits = self._forward(ids, positions.unsqueeze(0), self._masks(build), logits_to_keep=0)
+        self.pending = q
         return logits
 
     @torch.inference_mode()  # the cache tensors are inference tensors; in-place writes need the same mode

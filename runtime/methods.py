@@ -3,13 +3,15 @@
     ar    no drafter: one token per forward, through the same KV-cache code (the exactness reference)
     pld   prompt-lookup n-gram drafter (:mod:`ooospec.runtime.pld`)
 
-Other methods combine drafters with :func:`make_engine`, e.g. ``make_engine(model, [fsm, retrieval, pld])``: the
-candidates of all drafters are merged round-robin, deduplicated and cut to the node budget.
+Other methods combine drafters with :func:`make_engine`, e.g. ``make_engine(model, [fsm, retrieval, pld])``. Each
+step the budget policy (:mod:`ooospec.runtime.budget`) picks, from all drafters' candidates, the nodes that
+maximize expected committed tokens per second of forward time (``policy="fixed"``: merge round-robin by rank and
+fill ``max_draft_nodes``).
 
-``engine_kwargs`` are :class:`~ooospec.runtime.engine.SpecEngine` keywords (``max_draft_nodes``, ``max_depth``,
-``tie_margin``, ``eos_token_ids``, ``record_margins``). Example::
+``engine_kwargs`` are :class:`~ooospec.runtime.engine.SpecEngine` keywords (``policy``, ``max_draft_nodes``,
+``max_depth``, ``cost``, ``acceptance``, ``tie_margin``, ``eos_token_ids``, ``record_margins``). Example::
 
-    engine = METHODS["pld"](model, eos_token_ids=[tokenizer.eos_token_id], max_draft_nodes=32)
+    engine = METHODS["pld"](model, eos_token_ids=[tokenizer.eos_token_id])
     result = engine.generate(tokenizer(prompt)["input_ids"], max_new_tokens=256)
 """
 

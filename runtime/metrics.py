@@ -6,7 +6,23 @@
 * **Acceptance rate**: accepted draft tokens / draft tokens verified (tree nodes minus roots). For trees this is a
   per-node rate; a tree of 8 nodes in one chain of 8 can reach 1.0, a tree of 8 single-token branches at most 1/8.
 * **Speedup**: baseline wall-clock seconds / method wall-clock seconds on the same requests, machine and
-  threads; computed on end-to-end latency (prefill + decode) unless a caller says otherwise.
+  threads; computed on end-to-end latency (prefill + decode) unless a caller says otherwise. Over several
+  requests: the ratio of the mean times (``speedup(mean(base), mean(method))``); ``speedup_median`` is the
+  median of the per-request ratios.
+* **Mean tree size**: query tokens per verification forward, root included (1.0 for plain decoding).
+
+The roofline (how far a run is from what the hardware allows; :mod:`ooospec.runtime.cost_model` gives the
+model's :class:`~ooospec.runtime.cost_model.Footprint`, :mod:`ooospec.runtime.hardware` the machine's roofs):
+
+* **Prefill FLOPs** of ``T`` prompt tokens: ``2 * body_params * T`` (every linear layer below the head) +
+  ``2 * head_params`` (logits of the last token only) + ``2 * num_layers * T^2 * attn_dim`` (QK^T and AV over
+  the causal half). Achieved prefill FLOP/s = that / prefill seconds; compared with the peak matmul FLOP/s.
+* **Decode bytes**: each verification forward reads every weight once plus the KV cache of its context:
+  ``num_forwards * (weight_bytes + kv_bytes_per_token * mean context)``, with the mean context taken as
+  ``prompt + new_tokens / 2``. Achieved decode bytes/s = that / decode seconds; compared with the measured
+  memory bandwidth. A tree forward moves the same bytes as a one-token forward, so a method that commits more
+  tokens per forward needs *fewer* bytes/s for the same speed: this column says how memory-bound a run is,
+  the speedup column how fast it is.
 
 Near-tie diagnostics for low-precision runs: :func:`classify_mismatch` locates the first divergence between a
 plain-greedy and a speculative output and says whether the greedy top-2 margin there was within rounding.
@@ -14,17 +30,38 @@ plain-greedy and a speculative output and says whether the greedy top-2 margin t
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
-from typing import Literal, TypedDict
+import random
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypedDict
 
+from ooospec.runtime.cost_model import Footprint
 from ooospec.runtime.engine import GenerationResult
 
 
+def mat(num_tokens: int, num_forwards: int) -> float:
+    """MAT incl. bonus: generated tokens / verification forwards (nan without forwards)."""
+    return num_tokens / num_forwards if num_forwards else math.nan
+
+
+def mean_tree_size(tree_sizes: Sequence[int]) -> float:
+    """Query tokens per verification forward, root included (nan without forwards)."""
+    return sum(tree_sizes) / len(tree_sizes) if tree_sizes else math.nan
+
+
+def speedup(baseline_s: float, method_s: float) -> float:
+    """``baseline_s / method_s``: > 1 means the method is faster."""
+    if method_s <= 0:
+        raise ValueError(f"method time must be positive, got {method_s}")
+    return baseline_s / method_s
+
+
 def mean_accepted_tokens(results: Sequence[GenerationResult]) -> float:
-    """MAT incl. bonus: total generated tokens / total verification forwards (1.0 for plain decoding)."""
-    forwards = sum(r.n_forwards for r in results)
-    return sum(len(r.tokens) for r in results) / forwards if forwards else math.nan
+    """:func:`mat` over several generations (1.0 for plain decoding)."""
+    return mat(sum(len(r.tokens) for r in results), sum(r.n_forwards for r in results))
 
 
 def acceptance_rate(results: Sequence[GenerationResult]) -> float:
@@ -34,11 +71,21 @@ def acceptance_rate(results: Sequence[GenerationResult]) -> float:
     return accepted / drafted if drafted else math.nan
 
 
-def speedup(baseline_s: float, method_s: float) -> float:
-    """``baseline_s / method_s``: > 1 means the method is faster."""
-    if method_s <= 0:
-        raise ValueError(f"method time must be positive, got {method_s}")
-    return baseline_s / method_s
+def prefill_flops(fp: Footprint, num_tokens: int) -> float:
+    """FLOPs of a causal prefill of ``num_tokens`` with logits for the last one (see the module docstring)."""
+    return (2.0 * fp.body_params * num_tokens + 2.0 * fp.head_params
+            + 2.0 * fp.num_layers * num_tokens ** 2 * fp.attn_dim)
+
+
+def decode_bytes(fp: Footprint, num_forwards: int, prompt_tokens: int, new_tokens: int) -> float:
+    """Bytes read by ``num_forwards`` verification forwards of one request (see the module docstring)."""
+    context = prompt_tokens + new_tokens / 2
+    return num_forwards * (fp.weight_bytes + fp.kv_bytes_per_token * context)
+
+
+def per_second(amount: float, seconds: float) -> float:
+    """``amount / seconds`` (nan for a zero or negative duration)."""
+    return amount / seconds if seconds > 0 else math.nan
 
 
 def summarize(results: Sequence[GenerationResult]) -> dict[str, float]:
@@ -55,7 +102,7 @@ def summarize(results: Sequence[GenerationResult]) -> dict[str, float]:
         "num_tie_stops": sum(s.tie_stop for s in steps),
         "mean_accepted_tokens": mean_accepted_tokens(results),
         "acceptance_rate": acceptance_rate(results),
-        "mean_tree_size": sum(s.tree_size for s in steps) / len(steps) if steps else math.nan,
+        "mean_tree_size": mean_tree_size([s.tree_size for s in steps]),
         "prefill_s": prefill_s,
         "decode_s": decode_s,
         "draft_s": sum(s.t_draft for s in steps),
@@ -104,3 +151,146 @@ def classify_mismatch(
         return {"position": common, "margin": margin, "kind": "defect"}
     margin = float(ar_logit_margins[position])
     return {"position": position, "margin": margin, "kind": "near_tie" if margin <= tol else "defect"}
+
+
+# ------------------------------------------------------------------------------- intervals and call accuracy
+
+
+def bootstrap_median_ci(values: Sequence[float], *, seed: int, num_resamples: int = 2000,
+                        level: float = 0.95) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of ``values`` (e.g. per-example speedup ratios).
+
+    ``num_resamples`` times, draw ``len(values)`` values with replacement (``random.Random(seed)``, so the same
+    seed gives the same interval) and take their median; the interval is the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles of those medians (nearest rank: with 2000 resamples at 95%, the 51st and the
+    1950th smallest). With few examples the interval is wide and coarse: that is the honest answer.
+
+    >>> bootstrap_median_ci([2.0], seed=0)
+    (2.0, 2.0)
+    >>> bootstrap_median_ci([1.0, 1.2, 1.5, 2.0, 3.0], seed=0)      # 5 values: the median is 1.0 in ~6% of draws
+    (1.0, 3.0)
+    >>> bootstrap_median_ci([0.9, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.5], seed=0)
+    (1.1, 1.8)
+    """
+    if not values:
+        raise ValueError("bootstrap_median_ci needs at least one value")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if num_resamples < 1:
+        raise ValueError(f"num_resamples must be >= 1, got {num_resamples}")
+    rng = random.Random(seed)
+    values = list(values)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(num_resamples))
+    lo = medians[math.floor((1.0 - level) / 2.0 * num_resamples)]
+    hi = medians[max(math.ceil((1.0 + level) / 2.0 * num_resamples) - 1, 0)]
+    return lo, hi
+
+
+class CallScore(TypedDict):
+    parsed: bool   # the output holds a call at all
+    name: bool     # its function name is the gold call's
+    call: bool     # the name and every argument are right (see score_call)
+
+
+_BFCL_DROP = re.compile(r"[ ,./\-_*^]")
+
+
+def _bfcl_str(s: str) -> str:
+    """BFCL's string standardization: lowercase, spaces and ``, . / - _ * ^`` removed, ``'`` -> ``"``."""
+    return _BFCL_DROP.sub("", s).lower().replace("'", '"')
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Two argument values are the same: strings up to case and runs of whitespace, numbers numerically (a bool
+    only equals a bool), lists item by item, objects key by key."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, str) and isinstance(b, str):
+        return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    return False
+
+
+def _allowed_value(value: Any, allowed: Any) -> bool:
+    """``value`` matches one BFCL allowed value (an object's allowed value holds allowed lists per key)."""
+    if isinstance(value, str) and not isinstance(allowed, str):
+        try:
+            value = json.loads(value)      # "true" for True, "3" for 3: Java/JavaScript arguments are strings
+        except ValueError:
+            return False
+    if isinstance(allowed, dict):
+        return isinstance(value, dict) and _allowed_args(value, allowed)
+    if isinstance(allowed, str):
+        return isinstance(value, str) and _bfcl_str(value) == _bfcl_str(allowed)
+    if isinstance(allowed, list):
+        return isinstance(value, list) and len(value) == len(allowed) and all(
+            _allowed_value(v, a) for v, a in zip(value, allowed))
+    return _same_value(value, allowed)
+
+
+def _allowed_args(args: Mapping[str, Any], spec: Mapping[str, Sequence[Any]]) -> bool:
+    """Every argument is declared and takes an allowed value; every missing one may be omitted (``""``)."""
+    if any(k not in spec for k in args):
+        return False
+    for key, options in spec.items():
+        if key not in args:
+            if "" not in options:
+                return False
+        elif not any(_allowed_value(args[key], o) for o in options if not (isinstance(o, str) and o == "")):
+            return False
+    return True
+
+
+def score_call(predicted: Sequence[Mapping], gold: Sequence[Mapping],
+               allowed: Sequence[Mapping] | None = None) -> CallScore:
+    """Score a target's (or the sidecar's) first call against the request's first gold call.
+
+    The benchmarks' stop rule ends a generation after its first call, so the first call is what is compared.
+    ``name``: the function names are equal. ``call``: the name is right and the arguments equal the gold call's
+    (strings up to case and whitespace, numbers numerically, bools strictly, lists and objects recursively), or,
+    when the benchmark lists ``allowed`` values (BFCL's ``meta.allowed``: ``[{name: {param: [values]}}]``), every
+    argument takes one of its allowed values and every parameter left out lists ``""`` (BFCL: optional). Allowed
+    strings compare after BFCL's standardization (lowercase; spaces and ``, . / - _ * ^`` removed), and a string
+    holding the JSON of an allowed value matches it (``"true"`` for ``True``: BFCL's Java and JavaScript tools
+    take every argument as a string).
+
+    >>> score_call([{"name": "area", "arguments": {"base": 10}}], [{"name": "area", "arguments": {"base": 10}}])
+    {'parsed': True, 'name': True, 'call': True}
+    >>> score_call([{"name": "area", "arguments": {"base": "10"}}], [{"name": "area", "arguments": {"base": 10}}])
+    {'parsed': True, 'name': True, 'call': False}
+    >>> allowed = [{"area": {"base": [10], "unit": ["units", ""]}}]
+    >>> score_call([{"name": "area", "arguments": {"base": 10}}], [{"name": "area", "arguments": {"base": 10,
+    ...            "unit": "units"}}], allowed)
+    {'parsed': True, 'name': True, 'call': True}
+    >>> score_call([], [{"name": "area", "arguments": {}}])
+    {'parsed': False, 'name': False, 'call': False}
+    """
+    if not gold:
+        raise ValueError("score_call needs a gold call")
+    if not predicted:
+        return {"parsed": False, "name": False, "call": False}
+    pred, ref = predicted[0], gold[0]
+    name_ok = pred["name"] == ref["name"]
+    args = pred.get("arguments") or {}
+    call_ok = name_ok and _same_value(dict(args), dict(ref.get("arguments") or {}))
+    if name_ok and not call_ok and allowed:
+        spec = allowed[0].get(pred["name"])
+        call_ok = spec is not None and _allowed_args(args, spec)
+    return {"parsed": True, "name": name_ok, "call": call_ok}
+
+
+def call_accuracy(scores: Sequence[CallScore]) -> dict[str, float | int]:
+    """Rates over requests: ``parsed`` (a call at all), ``name`` (right function), ``call`` (right call).
+
+    >>> call_accuracy([{"parsed": True, "name": True, "call": False}, {"parsed": True, "name": True, "call": True}])
+    {'n': 2, 'parsed': 1.0, 'name': 1.0, 'call': 0.5}
+    """
+    n = len(scores)
+    if not n:
+        raise ValueError("call_accuracy needs at least one score")
+    return {"n": n, **{k: sum(bool(s[k]) for s in scores) / n for k in ("parsed", "name", "call")}}

@@ -3,8 +3,11 @@
 The committed output text is fed through ``CallState`` (an incremental JSON-prefix parser that knows which
 part of ``{"name": ..., "arguments": {...}}`` it is in). ``next_pieces`` lists the legal next text pieces
 (most likely first): the fixed punctuation, every tool name consistent with the typed prefix, unused argument
-keys (required first), enum / boolean values, the call suffix. Free-form values (strings without enum,
-numbers, nested containers) get nothing: other drafters handle those.
+keys (required first), enum / boolean / null values, the call suffix. Free-form values (strings without
+enum, numbers, nested containers) get nothing: other drafters handle those. Schemas are read through
+``runtime.schemas`` (type lists such as ``["string", "null"]``, boolean sub-schemas, ``$ref`` into the tool's
+``$defs``); a value whose alternatives cannot all be listed (a free number, or more than ``MAX_OPTIONS``
+values sharing no prefix) gets no draft, so a draft never excludes a value the schema allows.
 
 ``SchemaFSMDrafter`` expands the pieces into a few text continuations (branching at choice points while the
 branch budget lasts, then following the first option) and turns each into target tokens *in context*.
@@ -23,17 +26,23 @@ opening branches cover both.
 
 from __future__ import annotations
 
+import bisect
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
+from ooospec.runtime import schemas
 from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.formats.common import function_schemas
 
 _WS = " \t\n\r"
 _LITERAL_CHARS = set("+-.0123456789eEtruefalsn")
 _FENCE = "```json\n"
+MAX_BUF = 1024          # string / literal characters kept per value; longer ones get no drafts
+MAX_KEPT = 256          # whitespace, text before the body and text after it: what style/suffix logic needs
+MAX_OPTIONS = 32        # enumerated values listed at one choice point; more collapse to their common prefix
 
 
 @dataclass
@@ -69,9 +78,11 @@ class CallState:
     def __init__(self) -> None:
         self.mode = "pre"
         self.stack: list[_Frame] = []
-        self.buf = ""          # string content / literal characters typed so far
+        self.buf = ""          # string content / literal characters typed so far (at most MAX_BUF)
+        self.buf_full = False  # the value outgrew MAX_BUF: nothing is drafted inside it
         self.is_key = False    # the open string is a key
         self.esc = False
+        self.uhex: str | None = None  # hex digits of a \uXXXX escape being typed
         self.ws = ""           # whitespace typed since the last significant character
         self.pre = ""
         self.after = ""
@@ -119,6 +130,12 @@ class CallState:
         self.ws = ""
         self._prev = c
 
+    def _append(self, c: str) -> None:
+        if len(self.buf) < MAX_BUF:
+            self.buf += c
+        else:
+            self.buf_full = True
+
     def _value_done(self) -> None:
         if not self.stack:
             self.mode = "done"
@@ -130,12 +147,12 @@ class CallState:
 
     def _start_value(self, c: str) -> None:
         if c == '"':
-            self.mode, self.buf, self.is_key = "string", "", False
+            self.mode, self.buf, self.buf_full, self.is_key = "string", "", False, False
         elif c in "{[":
             self.stack.append(_Frame(c))
             self.mode = "key_or_end" if c == "{" else "arr_value_or_end"
         elif c in _LITERAL_CHARS:
-            self.mode, self.buf = "literal", c
+            self.mode, self.buf, self.buf_full = "literal", c, False
         else:
             self.mode = "error"
 
@@ -147,36 +164,51 @@ class CallState:
                 self._start_value(c)
             else:
                 self.pre += c
+                if len(self.pre) > 2 * MAX_KEPT:  # only its tail matters (tags, fence, opener in progress)
+                    self.pre = self.pre[-MAX_KEPT:]
             return
         if mode == "done":
-            self.after += c
+            if len(self.after) <= MAX_KEPT:  # longer than any suffix already
+                self.after += c
             return
         if mode == "string":
-            if self.esc:
-                self.buf += {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(c, c)
+            if self.uhex is not None:
+                if c not in "0123456789abcdefABCDEF":
+                    self.mode = "error"
+                    return
+                self.uhex += c
+                if len(self.uhex) == 4:
+                    self._append(chr(int(self.uhex, 16)))
+                    self.uhex = None
+            elif self.esc:
+                if c == "u":
+                    self.uhex = ""
+                else:
+                    self._append({"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(c, c))
                 self.esc = False
             elif c == "\\":
                 self.esc = True
             elif c == '"':
                 self._prev = c
                 if self.is_key:
-                    self.stack[-1].key = self.buf
+                    self.stack[-1].key = None if self.buf_full else self.buf
                     self.mode = "colon"
                 else:
-                    if len(self.stack) == 1 and self.stack[0].key == "name":
+                    if len(self.stack) == 1 and self.stack[0].key == "name" and not self.buf_full:
                         self.name = self.buf
                     self._value_done()
             else:
-                self.buf += c
+                self._append(c)
             return
         if mode == "literal":
             if c in _LITERAL_CHARS:
-                self.buf += c
+                self._append(c)
                 return
             self._value_done()
             mode = self.mode
         if c in _WS:
-            self.ws += c
+            if len(self.ws) < MAX_KEPT:
+                self.ws += c
             return
         self._significant(c)
         top = self.stack[-1] if self.stack else None
@@ -188,7 +220,7 @@ class CallState:
                 self._start_value(c)
         elif mode in ("key_or_end", "key"):
             if c == '"':
-                self.mode, self.buf, self.is_key = "string", "", True
+                self.mode, self.buf, self.buf_full, self.is_key = "string", "", False, True
             elif c == "}" and mode == "key_or_end":
                 self.stack.pop()
                 self._value_done()
@@ -214,45 +246,143 @@ def parse_state(text: str) -> CallState:
 # ------------------------------------------------------------------------------------ grammar
 
 
-def _ordered_keys(params: dict, used: list[str]) -> list[str]:
-    """Unused argument keys: required ones first, each group in ``properties`` order."""
-    props = list(params.get("properties", {}))
-    required = [k for k in params.get("required", [])]
-    req = [k for k in props if k in required] + [k for k in required if k not in props]
-    return [k for k in req + [k for k in props if k not in required] if k not in used]
+def _json_text(value: Any) -> str | None:
+    """The JSON text a model writes for ``value`` (``json.dumps``, ``ensure_ascii=False``); None if none."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
-def _literal_values(prop: dict) -> list[str]:
-    """The finitely many JSON texts a value may take (enum / boolean / null), or [] when free."""
-    if "enum" in prop:
-        return [json.dumps(v, ensure_ascii=False) for v in prop["enum"]]
-    if "const" in prop:
-        return [json.dumps(prop["const"], ensure_ascii=False)]
-    kind = prop.get("type")
-    if kind == "boolean":
-        return ["true", "false"]
-    if kind == "null":
-        return ["null"]
-    return []
+def _typed_string(st: CallState) -> str:
+    """The open string's JSON text so far, opening quote included (``"Par`` after ``"Par``), as the model
+    writes it (``json.dumps`` escapes)."""
+    pending = "\\" if st.esc else "" if st.uhex is None else "\\u" + st.uhex
+    return '"' + json.dumps(st.buf, ensure_ascii=False)[1:-1] + pending
 
 
-def _value_starts(prop: dict | None) -> list[str]:
-    """How a value of this schema may begin: its literal values, or the opening quote/bracket."""
-    if prop is None:
-        return []
-    literals = _literal_values(prop)
-    if literals:
-        return literals
-    return {"string": ['"'], "object": ["{"], "array": ["["]}.get(prop.get("type"), [])
+class Literals:
+    """A finite set of JSON texts in preference order, with prefix lookups in O(log n + k).
+
+    >>> Literals(['"celsius"', '"fahrenheit"', '"kelvin"']).completions('"')
+    ['celsius"', 'fahrenheit"', 'kelvin"']
+    """
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = list(dict.fromkeys(texts))
+        self.rank = {t: i for i, t in enumerate(self.texts)}
+        self.sorted = sorted(self.texts)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self.rank
+
+    def completions(self, prefix: str) -> list[str] | None:
+        """What completes ``prefix`` to a longer text, in preference order.
+
+        More than :data:`MAX_OPTIONS` matches collapse to their common continuation (still true of every
+        match); None when they share none (too many to list, nothing certain).
+        """
+        lo = bisect.bisect_right(self.sorted, prefix)
+        hi = bisect.bisect_left(self.sorted, prefix + "\U0010ffff", lo)
+        while hi > lo and not self.sorted[hi - 1].startswith(prefix):
+            hi -= 1
+        if hi - lo <= MAX_OPTIONS:
+            return [t[len(prefix):] for t in sorted(self.sorted[lo:hi], key=self.rank.__getitem__)]
+        first, last = self.sorted[lo], self.sorted[hi - 1]
+        n = len(prefix)
+        while n < min(len(first), len(last)) and first[n] == last[n]:
+            n += 1
+        return [first[len(prefix):n]] if n > len(prefix) else None
+
+
+@dataclass(frozen=True)
+class _Values:
+    """What one argument value may be (from ``schemas.admitted``).
+
+    ``openings``: the pieces a value starts with -- openers of free strings / objects / arrays (``"``, ``{``,
+    ``[``) and the enumerated texts (enum, const, ``true``/``false``, ``null``); empty when they cannot be
+    listed (a free number, or too many values sharing no prefix). ``literals``: every enumerated text.
+    """
+
+    openings: tuple[str, ...]
+    literals: Literals
+    free_string: bool
+    free_number: bool
+
+    @classmethod
+    def of(cls, schema: Any) -> _Values:
+        starts: list[str] = []
+        texts: list[str] = []
+        free = set()
+        for kind, values in schemas.admitted(schema).items():
+            if values is None:
+                free.add(kind)
+                starts += {"string": ['"'], "object": ["{"], "array": ["["]}.get(kind, [])
+                texts += {"boolean": ["true", "false"], "null": ["null"]}.get(kind, [])
+            else:
+                texts += [t for t in map(_json_text, values) if t is not None]
+        literals = Literals(texts)
+        listed = [t for t in literals.texts if t[0] not in starts]  # a free kind's opener covers its values
+        if "number" in free:
+            openings: list[str] = []
+        elif len(listed) <= MAX_OPTIONS:
+            openings = starts + listed
+        else:
+            common = os.path.commonprefix([min(listed), max(listed)])
+            openings = starts + [common] if common else []
+        return cls(tuple(openings), literals, "string" in free, "number" in free)
+
+
+@dataclass
+class _Tool:
+    """One tool's arguments: keys (required first, each group in declaration order), required keys, their
+    JSON texts and value spaces (built on first use)."""
+
+    keys: list[str]
+    required: list[str]
+    props: dict[str, Any]
+    key_texts: dict[str, str]
+    values: dict[str, _Values] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tool: Any) -> _Tool:
+        params = schemas.tool_function(tool).get("parameters")
+        props = schemas.properties(params)
+        req = schemas.required(params)
+        optional = [k for k, v in props.items() if k not in req and v is not False]
+        keys = [k for k in props if k in req] + [k for k in req if k not in props] + optional
+        return cls(keys, req, props, {k: json.dumps(k, ensure_ascii=False) for k in keys})
+
+    def value(self, key: str | None) -> _Values:
+        if key not in self.values:
+            self.values[key] = _Values.of(self.props.get(key, True) if key is not None else True)
+        return self.values[key]
+
+    def unused(self, used: Sequence[str | None], skip: str | None = None) -> list[str]:
+        done = set(used) | {skip}
+        return [k for k in self.keys if k not in done]
+
+    def closable(self, used: Sequence[str | None], also: str | None = None) -> bool:
+        done = set(used) | {also}
+        return all(k in done for k in self.required)
 
 
 class CallGrammar:
-    """The legal next text pieces of a call, given the tools, the format and the output's style."""
+    """The legal next text pieces of a call, given the tools, the format and the output's style.
 
-    def __init__(self, fmt: ModuleType, tools: list[dict]):
+    Tools are read through ``runtime.schemas`` (type lists, boolean sub-schemas, ``$ref``, malformed
+    keywords); a tool without a string name is skipped, and a schema part it cannot read drafts nothing.
+    """
+
+    def __init__(self, fmt: ModuleType, tools: Sequence[Any]):
         self.fmt = fmt
-        self.tools = {fn["name"]: fn for fn in function_schemas(tools)}
+        self.tools: dict[str, _Tool] = {}
+        for tool in tools if isinstance(tools, (list, tuple)) else []:
+            name = schemas.tool_name(tool)
+            if name is not None and name not in self.tools:
+                self.tools[name] = _Tool.of(tool)
         self.names = list(self.tools)
+        self._name_texts = Literals([json.dumps(n, ensure_ascii=False) for n in self.names])
         self.call_keys = ("name", fmt.args_key)
         self.openers = self._openers()
 
@@ -277,7 +407,7 @@ class CallGrammar:
         """The part of the whitespace ``want`` not typed yet (all of it typed, or other whitespace: none)."""
         return want[len(st.ws):] if want.startswith(st.ws) else ""
 
-    def _key(self, st: CallState, depth: int, key: str, after: str) -> str:
+    def _key(self, st: CallState, depth: int, key: str, after: str, key_text: str | None = None) -> str:
         """Text up to and including ``"key": `` for an object at ``depth`` (1 = the call object).
 
         ``after`` is where the text stands: ``"open"`` (just after ``{``), ``"comma"`` (just after ``,``),
@@ -288,7 +418,7 @@ class CallGrammar:
         else:
             sep = "" if after == "open" else st.style.comma
         head = "," + sep if after == "value" else self._ws(st, sep)
-        return head + json.dumps(key, ensure_ascii=False) + ":" + st.style.colon
+        return head + (key_text or json.dumps(key, ensure_ascii=False)) + ":" + st.style.colon
 
     def _close(self, st: CallState, depth: int, empty: bool = False) -> str:
         """Text closing the object at ``depth``; an empty object closes right away (``{}``)."""
@@ -296,7 +426,7 @@ class CallGrammar:
 
     def next_pieces(self, st: CallState) -> list[str]:
         """Legal next text pieces after ``st``, most likely first; [] where the grammar does not decide."""
-        if st.mode == "error":
+        if st.mode == "error" or (st.buf_full and st.mode in ("string", "literal")):
             return []
         if "indent" not in st.known and "\n" in st.ws and st.mode in ("key_or_end", "key"):
             st = st.clone()  # a newline after the brace, layout not settled yet: assume json.dumps(indent=2)
@@ -323,7 +453,14 @@ class CallGrammar:
         if mode in ("key_or_end", "key"):
             if not remaining:
                 return []
-            return [self._key(st, 1, remaining[0], after="open" if mode == "key_or_end" else "comma")]
+            key = self._key(st, 1, remaining[0], after="open" if mode == "key_or_end" else "comma")
+            if mode == "key_or_end" and "indent" not in st.known and not st.ws:
+                # just after the opening brace the layout is that of the openers the output matches so far
+                # (a fence opens a pretty-printed body: '```json\n{' continues with '\n  ')
+                typed = st.pre.lstrip() + "{"
+                rests = [o[len(typed):] for o in self.openers if o.startswith(typed)]
+                return list(dict.fromkeys(r or key for r in rests)) or [key]
+            return [key]
         if mode == "string" and st.is_key:  # one key only: name first, as every format writes it
             return [k[len(st.buf):] + '":' + st.style.colon for k in remaining if k.startswith(st.buf)][:1]
         if mode == "colon":
@@ -332,49 +469,55 @@ class CallGrammar:
             start = {"name": '"', self.fmt.args_key: "{"}.get(top.key)
             return [self._ws(st, st.style.colon) + start] if start else []
         if mode == "string" and top.key == "name":
-            return [n[len(st.buf):] + '"' for n in self.names if n.startswith(st.buf)]
+            return self._name_texts.completions(_typed_string(st)) or []
         if mode == "comma_or_end":
             if remaining:
                 return [self._key(st, 1, remaining[0], after="value")]
             return [self._close(st, 1)]
         return []
 
+    def _after_value(self, st: CallState, tool: _Tool, used: Sequence[str | None], also: str | None = None):
+        """Pieces after a complete argument value: close the arguments (when every required key is there),
+        then each unused key."""
+        keys = [self._key(st, 2, k, after="value", key_text=tool.key_texts[k])
+                for k in tool.unused(used, also)]
+        return ([self._close(st, 2)] + keys) if tool.closable(used, also) else keys
+
     def _args_level(self, st: CallState) -> list[str]:
         tool = self.tools.get(st.name or "")
         if tool is None:
             return []
-        params = tool.get("parameters") or {}
-        props = params.get("properties", {})
         top = st.stack[1]
-        unused = _ordered_keys(params, top.keys)
-        closable = all(k in top.keys for k in params.get("required", []))
         mode = st.mode
-        if mode == "key_or_end":
-            keys = [self._key(st, 2, k, after="open") for k in unused]
-            return keys + [self._close(st, 2, empty=True)] if closable else keys
-        if mode == "key":
-            return [self._key(st, 2, k, after="comma") for k in unused]
+        if mode in ("key_or_end", "key"):
+            after = "open" if mode == "key_or_end" else "comma"
+            keys = [self._key(st, 2, k, after=after, key_text=tool.key_texts[k])
+                    for k in tool.unused(top.keys)]
+            if mode == "key_or_end" and tool.closable(top.keys):
+                keys.append(self._close(st, 2, empty=True))
+            return keys
         if mode == "string" and st.is_key:
-            return [k[len(st.buf):] + '":' + st.style.colon for k in unused if k.startswith(st.buf)]
+            typed = _typed_string(st)
+            return [tool.key_texts[k][len(typed):] + ":" + st.style.colon for k in tool.unused(top.keys)
+                    if tool.key_texts[k].startswith(typed)]
         if mode == "colon":
             return [":" + st.style.colon]
-        prop = props.get(top.key)
-        if mode == "value":
-            return [self._ws(st, st.style.colon) + v for v in _value_starts(prop)]
-        if mode == "string":
-            literals = [v[1:] for v in _literal_values(prop or {}) if v.startswith('"')]
-            return [v[len(st.buf):] for v in literals if v.startswith(st.buf)]
-        if mode == "literal":
-            literals = _literal_values(prop or {})
-            if st.buf not in literals:
-                return [v[len(st.buf):] for v in literals if v.startswith(st.buf)]
-            unused = [k for k in unused if k != top.key]  # the literal is complete but not closed yet
-            closable = all(k in top.keys or k == top.key for k in params.get("required", []))
-            keys = [self._key(st, 2, k, after="value") for k in unused]
-            return ([self._close(st, 2)] + keys) if closable else keys
         if mode == "comma_or_end":
-            keys = [self._key(st, 2, k, after="value") for k in unused]
-            return ([self._close(st, 2)] + keys) if closable else keys
+            return self._after_value(st, tool, top.keys)
+        values = tool.value(top.key)
+        if mode == "value":
+            return [self._ws(st, st.style.colon) + v for v in values.openings]
+        if mode == "string":
+            return [] if values.free_string else values.literals.completions(_typed_string(st)) or []
+        if mode == "literal":
+            if values.free_number and st.buf[0] in "-0123456789":
+                return []  # a free number: more digits may follow
+            longer = values.literals.completions(st.buf)
+            if longer is None:
+                return []
+            if st.buf not in values.literals:
+                return longer
+            return self._after_value(st, tool, top.keys, also=top.key) + longer
         return []
 
     def expand(self, st: CallState, max_branches: int = 8, max_chars: int = 96) -> list[str]:
@@ -431,7 +574,8 @@ class SchemaFSMDrafter:
     Args:
         tokenizer: the target's tokenizer (``encode``/``decode``).
         fmt: a format module from ``ooospec.runtime.formats``.
-        tools: OpenAI-style or bare function schemas of the request.
+        tools: OpenAI-style or bare function schemas of the request, as users write them: a tool without a
+            string name is skipped and a schema part that cannot be read drafts nothing (never an exception).
         max_branches: most candidate continuations per step.
         max_chars: longest continuation (characters) per candidate.
         openers: initial opening texts, most likely first (default: the format's prefix, bare, fenced);

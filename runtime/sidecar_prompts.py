@@ -1,99 +1,163 @@
 """Text prompts for the OoO-Spec sidecar: one builder shared by training (expand_slots) and the runtime wave.
 
-The sidecar answers three kinds of slot query (OoO-Spec, "three supervision forms"), each a plain-text prompt
-whose answer is ONE compact JSON value (no spaces, ``ensure_ascii=False``) followed by EOS:
+Layout (``LAYOUT_VERSION`` 2, "context first"): every query of a request shares ONE block of text -- the
+conversation, then every tool with its parameters -- followed by a short per-slot query line. The block is
+byte-identical for all queries of a request, so its KV is computed once: the runtime's wave
+(:mod:`ooospec.runtime.sidecar`) prefills the block and decodes every answer as a branch of one tree, and
+training packs a request's block and all its query/answer segments into one sequence
+(:mod:`ooospec.pipelines.packing`). An adapter records the layout it was trained on and refuses another.
 
-==================  =========================================  ==========================================
-form                prompt shows                               completion
-==================  =========================================  ==========================================
-``function_index``  conversation + numbered tool signatures    the 0-based index of the tool, e.g. ``1``
-``argument``        conversation + ONE function's schema       that parameter's value, e.g. ``"Paris"``,
-                    + the parameter name                       or ``null`` when the function would not be
-                                                               called or the argument is omitted
-``direct_call``     conversation + numbered tool signatures    ``{"name":...,"arguments":{...}}``
-==================  =========================================  ==========================================
+Each answer is ONE compact JSON value (no spaces, ``ensure_ascii=False``) followed by EOS:
 
-At request arrival the runtime sends :func:`slot_queries` (the index query plus an argument query for EVERY
-function x parameter) as one batch, greedy; :func:`join_slots` turns the answers into one call. Because the
-argument queries do not wait for the function choice, the wave has no serial dependency.
+==================  ==========================  ==========================================================
+form                query line                  answer
+==================  ==========================  ==========================================================
+``function_index``  ``Query: tool index``       the 0-based index of the tool in the block's list, e.g. ``1``
+``argument``        ``Query: <tool>.<param>``   that parameter's value, e.g. ``"Paris"``, or ``null`` when
+                                                that tool is not called next or the argument is omitted
+``direct_call``     ``Query: call``             ``{"name":...,"arguments":{...}}`` (arguments in schema order)
+==================  ==========================  ==========================================================
 
-Text views (compact, model-agnostic: no chat-template tokens, no ids):
+At request arrival the runtime builds :func:`build_wave` (the index query plus an argument query for EVERY
+tool x parameter; the direct-call query optionally) and answers all of it in one pass; :func:`join_slots`
+turns the answers into one call. The argument queries do not wait for the function choice: no serial
+dependency.
+
+Views (compact, model-agnostic: no chat-template tokens, no ids; every line is stripped of trailing spaces so
+that ``block + query`` tokenizes as ``block`` then ``query`` under byte-level BPE):
 
 * conversation: one line per message, ``role: content`` with whitespace collapsed; when longer than
   :data:`MAX_CONTEXT_CHARS` the oldest messages are dropped (``(3 earlier messages omitted)``) and an over-long
-  newest message keeps its tail. Calls already made in this turn (parallel calls) follow as ``call: {...}`` lines.
-* tool signature: ``name(required: type, optional?: type) - description`` with the description cut to
-  :data:`MAX_DESCRIPTION_CHARS`; a type is ``string``, ``integer``, ``array[string]``, an enum
-  ``"c"|"f"``, ``any`` when the schema gives none.
-* function schema: the signature's first line, then one line per parameter
-  ``  name (type, required|optional[, default=v]): description``.
+  newest message keeps its tail. Calls already made in this turn (parallel calls) follow as ``call: {...}``.
+* tools: ``[i] name - description`` (cut to :data:`MAX_DESCRIPTION_CHARS`), then one line per parameter
+  ``  name (type, required|optional[, default=v]): description``. A type is ``string``, ``integer|null``,
+  ``array[string]``, an enum ``"c"|"f"`` (at most :data:`MAX_ENUM_VALUES` values), ``any`` when the schema
+  gives none or is unusable.
 
 Worked example. Messages ``[{"role": "user", "content": "Weather in Paris,\\n in celsius?"}]``, tools
-``get_weather(city: string, unit?: "celsius"|"fahrenheit")`` and ``get_time(tz: string)``.
-``argument_prompt(messages, tools[0], "unit")`` is::
+``get_weather(city: string, unit?: "celsius"|"fahrenheit")`` and ``get_time(tz: string)``. The block is::
 
-    Task: argument
     Conversation:
     user: Weather in Paris, in celsius?
-    Function:
-    get_weather - Current weather for a city.
+    Tools:
+    [0] get_weather - Current weather for a city.
       city (string, required): City name.
       unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.
-    Parameter: unit
-    Answer: the JSON value of "unit" if get_weather is called next, else null.
+    [1] get_time - Current time in a time zone.
+      tz (string, required)
 
-and its completion is ``"celsius"``; the same query for ``get_time``/``tz`` has completion ``null``.
-``function_index_prompt(messages, tools)`` ends with::
-
-    Tools:
-    [0] get_weather(city: string, unit?: "celsius"|"fahrenheit") - Current weather for a city.
-    [1] get_time(tz: string) - Current time in a time zone.
-    Answer: the index of the tool to call next, as JSON.
-
-with completion ``0``; ``direct_call_prompt`` has the same body and the completion
-``{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}`` (arguments in schema order).
-Every prompt ends with a newline; the completion carries no trailing newline (the trainer appends EOS).
+and the wave's queries are ``Query: tool index\\n`` (answer ``0``), ``Query: get_weather.city\\n``
+(``"Paris"``), ``Query: get_weather.unit\\n`` (``"celsius"``) and ``Query: get_time.tz\\n`` (``null``); the
+direct-call query ``Query: call\\n`` answers ``{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}``.
+A full prompt is ``block + query``; the answer follows it directly (no trailing newline; EOS ends it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ooospec.runtime import schemas
+
 Form = Literal["function_index", "argument", "direct_call"]
 FORMS: tuple[Form, ...] = ("function_index", "argument", "direct_call")
+WAVE_FORMS: tuple[Form, ...] = ("function_index", "argument")   # what the runtime asks at request arrival
 
+LAYOUT_VERSION = 2              # bump on any change of the texts below; adapters record the version they learned
 MAX_CONTEXT_CHARS = 3000        # conversation view budget (characters, after whitespace collapsing)
-MAX_DESCRIPTION_CHARS = 160     # per tool / parameter description
+MAX_DESCRIPTION_CHARS = 120     # per tool / parameter description
 MAX_ENUM_VALUES = 12            # enum values shown in a type view, then "|..."
+MAX_ANSWER_DEPTH = 64           # JSON nesting accepted in an answer (deeper: unusable answer, ValueError)
+
+INDEX_QUERY = "Query: tool index\n"
+CALL_QUERY = "Query: call\n"
 
 
 # ---------------------------------------------------------------- JSON helpers
 
 def compact_json(value: Any) -> str:
-    """The one serialization of sidecar answers: ``{"a":[1,"é"]}`` (no spaces, keys in their given order)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """The one serialization of sidecar answers: ``{"a":[1,"é"]}`` (no spaces, keys in their given order).
+
+    Raises ValueError for NaN / Infinity (not JSON).
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _first_json(text: str) -> Any:
-    """The first JSON value at the start of ``text`` (leading whitespace and trailing text ignored)."""
-    stripped = text.lstrip()
-    try:
-        value, _ = json.JSONDecoder().raw_decode(stripped)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"sidecar answer is not a JSON value: {text[:80]!r} ({e.msg})") from None
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):   # 1e999 overflows to inf: not representable as JSON
+        raise ValueError(f"{text} overflows a float")
     return value
 
 
-def _function(tool: Mapping) -> Mapping:
-    """The function dict of an OpenAI-style tool entry ``{"type": "function", "function": {...}}``."""
-    return tool.get("function", tool)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
-def _properties(fn: Mapping) -> Mapping[str, Mapping]:
-    return (fn.get("parameters") or {}).get("properties") or {}
+def _depth_ok(text: str, limit: int) -> bool:
+    """True when brackets outside strings nest at most ``limit`` deep (linear scan, no recursion)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def first_json(text: str) -> Any:
+    """The first JSON value at the start of ``text`` (leading whitespace and trailing text ignored).
+
+    Raises ValueError when there is none, when it holds NaN/Infinity, or nests deeper than
+    :data:`MAX_ANSWER_DEPTH`.
+    """
+    stripped = text.lstrip()
+    if not _depth_ok(stripped, MAX_ANSWER_DEPTH):
+        raise ValueError(f"sidecar answer nests deeper than {MAX_ANSWER_DEPTH}: {text[:80]!r}")
+    try:
+        value, _ = _DECODER.raw_decode(stripped)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"sidecar answer is not a JSON value: {text[:80]!r} ({e.msg})") from None
+    except ValueError as e:   # NaN / Infinity / an overflowing number
+        raise ValueError(f"sidecar answer is not a JSON value: {text[:80]!r} ({e})") from None
+    except RecursionError:
+        raise ValueError(f"sidecar answer nests too deep: {text[:80]!r}") from None
+    return value
+
+
+# ---------------------------------------------------------------- tool access (tolerant of malformed schemas)
+
+def tool_name(tool: Any) -> str | None:
+    """The function name of an OpenAI-style tool ``{"type": "function", "function": {...}}`` or a bare one."""
+    fn = schemas.tool_function(tool)
+    name = fn.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def tool_parameters(tool: Any) -> dict[str, Any]:
+    """``{parameter: sub-schema}`` in declaration order; ``{}`` for a tool without usable parameters."""
+    return schemas.properties(schemas.tool_function(tool).get("parameters"))
+
+
+def tool_required(tool: Any) -> list[str]:
+    return schemas.required(schemas.tool_function(tool).get("parameters"))
 
 
 # ---------------------------------------------------------------- text views
@@ -106,60 +170,64 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def type_view(schema: Mapping) -> str:
-    """Compact type of a JSON Schema: ``string``, ``integer|null``, ``array[string]``, ``"c"|"f"``, ``any``."""
-    if "enum" in schema:
-        values = [compact_json(v) for v in schema["enum"][:MAX_ENUM_VALUES]]
-        return "|".join(values) + ("|..." if len(schema["enum"]) > MAX_ENUM_VALUES else "")
-    if "const" in schema:
-        return compact_json(schema["const"])
-    t = schema.get("type")
-    if isinstance(t, list):
-        return "|".join(str(x) for x in t)
-    if t == "array" and isinstance(schema.get("items"), Mapping):
-        return f"array[{type_view(schema['items'])}]"
-    if t is None:
-        variants = schema.get("anyOf") or schema.get("oneOf")
-        return "|".join(type_view(v) for v in variants) if variants else "any"
-    return str(t)
+def _description(obj: Any) -> str:
+    desc = obj.get("description") if isinstance(obj, Mapping) else None
+    return _cut(_one_line(desc), MAX_DESCRIPTION_CHARS) if isinstance(desc, str) else ""
 
 
-def signature_view(tool: Mapping) -> str:
-    """``name(a: string, b?: integer) - description``: optional parameters carry ``?``."""
-    fn = _function(tool)
-    required = set((fn.get("parameters") or {}).get("required") or [])
-    params = ", ".join(f"{p}{'' if p in required else '?'}: {type_view(s)}" for p, s in _properties(fn).items())
-    desc = _cut(_one_line(fn.get("description") or ""), MAX_DESCRIPTION_CHARS)
-    return f"{fn['name']}({params})" + (f" - {desc}" if desc else "")
+def type_view(schema: Any) -> str:
+    """Compact type of a JSON Schema: ``string``, ``integer|null``, ``array[string]``, ``"c"|"f"``, ``any``.
+
+    Boolean and malformed schemas read as ``any`` (they constrain nothing a view can show).
+    """
+    return schemas.type_view(schemas.normalize(schema), MAX_ENUM_VALUES)
 
 
-def schema_view(tool: Mapping) -> str:
-    """One function in detail: ``name - description`` then ``  param (type, required|optional): desc`` lines."""
-    fn = _function(tool)
-    required = set((fn.get("parameters") or {}).get("required") or [])
-    desc = _cut(_one_line(fn.get("description") or ""), MAX_DESCRIPTION_CHARS)
-    lines = [fn["name"] + (f" - {desc}" if desc else "")]
-    for p, s in _properties(fn).items():
-        attrs = [type_view(s), "required" if p in required else "optional"]
-        if "default" in s:
-            attrs.append(f"default={compact_json(s['default'])}")
-        pdesc = _cut(_one_line(s.get("description") or ""), MAX_DESCRIPTION_CHARS)
-        lines.append(f"  {p} ({', '.join(attrs)})" + (f": {pdesc}" if pdesc else ""))
+def parameter_line(name: str, schema: Any, required: bool) -> str:
+    """``  name (type, required|optional[, default=v]): description``."""
+    attrs = [type_view(schema), "required" if required else "optional"]
+    if isinstance(schema, Mapping) and "default" in schema:
+        try:
+            attrs.append(f"default={compact_json(schema['default'])}")
+        except (TypeError, ValueError):
+            pass
+    desc = _description(schema)
+    return f"  {_one_line(name)} ({', '.join(attrs)})" + (f": {desc}" if desc else "")
+
+
+def tool_view(index: int, tool: Any) -> str:
+    """``[i] name - description`` and its parameter lines."""
+    fn = schemas.tool_function(tool)
+    desc = _description(fn)
+    required = set(tool_required(tool))
+    lines = [f"[{index}] {_one_line(tool_name(tool) or '?')}" + (f" - {desc}" if desc else "")]
+    lines += [parameter_line(p, s, p in required) for p, s in tool_parameters(tool).items()]
     return "\n".join(lines)
 
 
-def tool_list_view(tools: Sequence[Mapping]) -> str:
-    """``[0] sig`` lines, one per tool, in request order (the index the function_index answer refers to)."""
-    return "\n".join(f"[{i}] {signature_view(t)}" for i, t in enumerate(tools))
+def tools_view(tools: Sequence[Any]) -> str:
+    """Every tool in request order (the index the function_index answer refers to), with its parameters."""
+    return "\n".join(tool_view(i, t) for i, t in enumerate(tools))
 
 
-def context_view(messages: Sequence[Mapping], prior_calls: Sequence[Mapping] = ()) -> str:
+def _message_text(message: Any) -> str:
+    if not isinstance(message, Mapping):
+        return f"?: {_one_line(message)}"
+    content = message.get("content")
+    if content is None:
+        content = ""
+    elif not isinstance(content, str):   # e.g. a list of content parts: show it as JSON, never crash
+        content = json.dumps(content, ensure_ascii=False, default=str)
+    return f"{_one_line(message.get('role', '?'))}: {_one_line(content)}".rstrip()
+
+
+def context_view(messages: Sequence[Any], prior_calls: Sequence[Mapping] = ()) -> str:
     """The conversation as ``role: content`` lines, newest kept within :data:`MAX_CONTEXT_CHARS`.
 
     ``prior_calls`` are the calls already emitted in this assistant turn (for parallel calls the k-th call's
     queries see calls 0..k-1); they are appended as ``call: {"name":...,"arguments":...}`` lines.
     """
-    lines = [f"{m['role']}: {_one_line(m['content'])}" for m in messages]
+    lines = [_message_text(m) for m in messages]
     kept: list[str] = []
     used = 0
     for line in reversed(lines):
@@ -175,62 +243,106 @@ def context_view(messages: Sequence[Mapping], prior_calls: Sequence[Mapping] = (
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------- prompts
-
-def function_index_prompt(messages: Sequence[Mapping], tools: Sequence[Mapping],
-                          prior_calls: Sequence[Mapping] = ()) -> str:
-    """Which tool is called next? Answer: its 0-based index in ``tools`` as JSON (``2``)."""
-    return (f"Task: function_index\nConversation:\n{context_view(messages, prior_calls)}\n"
-            f"Tools:\n{tool_list_view(tools)}\n"
-            "Answer: the index of the tool to call next, as JSON.\n")
+def shared_block(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = ()) -> str:
+    """The block every query of a request shares: conversation, then the numbered tools with parameters."""
+    return f"Conversation:\n{context_view(messages, prior_calls)}\nTools:\n{tools_view(tools)}\n"
 
 
-def argument_prompt(messages: Sequence[Mapping], tool: Mapping, parameter: str,
-                    prior_calls: Sequence[Mapping] = ()) -> str:
-    """The value of ``parameter`` if ``tool`` is called next, else ``null``. Raises if the tool lacks it."""
-    fn = _function(tool)
-    if parameter not in _properties(fn):
-        raise ValueError(f"tool {fn['name']!r} has no parameter {parameter!r} "
-                         f"(known: {list(_properties(fn))})")
-    return (f"Task: argument\nConversation:\n{context_view(messages, prior_calls)}\n"
-            f"Function:\n{schema_view(tool)}\n"
-            f"Parameter: {parameter}\n"
-            f"Answer: the JSON value of {json.dumps(parameter, ensure_ascii=False)} "
-            f"if {fn['name']} is called next, else null.\n")
+def argument_query(tool: Any, parameter: str) -> str:
+    """``Query: <tool>.<parameter>\\n``. Raises ValueError if the tool lacks the parameter."""
+    params = tool_parameters(tool)
+    if parameter not in params:
+        raise ValueError(f"tool {tool_name(tool)!r} has no parameter {parameter!r} (known: {list(params)})")
+    return f"Query: {_one_line(tool_name(tool) or '?')}.{_one_line(parameter)}\n"
 
 
-def direct_call_prompt(messages: Sequence[Mapping], tools: Sequence[Mapping],
-                       prior_calls: Sequence[Mapping] = ()) -> str:
-    """The whole next call as compact JSON ``{"name":...,"arguments":{...}}``."""
-    return (f"Task: direct_call\nConversation:\n{context_view(messages, prior_calls)}\n"
-            f"Tools:\n{tool_list_view(tools)}\n"
-            'Answer: the next call as JSON {"name":...,"arguments":{...}}.\n')
+# ---------------------------------------------------------------- answers (training targets)
 
-
-# ---------------------------------------------------------------- completions (training targets)
-
-def function_index_completion(index: int) -> str:
+def function_index_answer(index: int) -> str:
     return compact_json(index)
 
 
-def argument_completion(value: Any) -> str:
+def argument_answer(value: Any) -> str:
     """``None`` (omitted / function not called) becomes ``null``."""
     return compact_json(value)
 
 
-def direct_call_completion(call: Mapping, tool: Mapping) -> str:
+def direct_call_answer(call: Mapping, tool: Any) -> str:
     """The call with its arguments in schema property order (extra keys last, sorted)."""
-    props = list(_properties(_function(tool)))
+    props = list(tool_parameters(tool))
     args = call["arguments"]
     order = [p for p in props if p in args] + sorted(k for k in args if k not in props)
     return compact_json({"name": call["name"], "arguments": {k: args[k] for k in order}})
+
+
+def gold_answers(queries: Sequence[SlotQuery], tools: Sequence[Any], call: Mapping) -> list[str]:
+    """The answer each query should get when the next call is ``call`` (``{"name", "arguments"}``).
+
+    Raises ValueError when ``call`` names no tool of ``tools``.
+    """
+    names = [tool_name(t) for t in tools]
+    if call["name"] not in names:
+        raise ValueError(f"call names {call['name']!r}, not one of the tools {names[:8]}")
+    index = names.index(call["name"])
+    out = []
+    for q in queries:
+        if q.form == "function_index":
+            out.append(function_index_answer(index))
+        elif q.form == "direct_call":
+            out.append(direct_call_answer(call, tools[index]))
+        else:
+            out.append(argument_answer(call["arguments"].get(q.parameter) if q.function == call["name"] else None))
+    return out
+
+
+# ---------------------------------------------------------------- the request-level wave
+
+@dataclass(frozen=True)
+class SlotQuery:
+    """One query of a wave. ``function``/``parameter`` are None for the index and direct-call queries."""
+
+    form: Form
+    function: str | None
+    parameter: str | None
+    text: str               # the query line(s) that follow the shared block
+
+
+@dataclass(frozen=True)
+class Wave:
+    """A request's shared block and its slot queries; ``prompts()`` are the full texts (block + query)."""
+
+    block: str
+    queries: tuple[SlotQuery, ...]
+
+    def prompts(self) -> list[str]:
+        return [self.block + q.text for q in self.queries]
+
+
+def build_wave(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
+               with_direct_call: bool = False) -> Wave:
+    """The index query, one argument query per (tool, parameter) in request / schema order, then optionally the
+    direct-call query.
+
+    For tools ``f(a, b)`` and ``g(c)`` this is 4 queries: index, f.a, f.b, g.c (+ call). Tools without a usable
+    name are listed in the block (their index still counts) but get no argument queries.
+    """
+    queries = [SlotQuery("function_index", None, None, INDEX_QUERY)]
+    for tool in tools:
+        name = tool_name(tool)
+        if name is None:
+            continue
+        for p in tool_parameters(tool):
+            queries.append(SlotQuery("argument", name, p, argument_query(tool, p)))
+    if with_direct_call:
+        queries.append(SlotQuery("direct_call", None, None, CALL_QUERY))
+    return Wave(shared_block(messages, tools, prior_calls), tuple(queries))
 
 
 # ---------------------------------------------------------------- parsing sidecar answers
 
 def parse_function_index(text: str, num_tools: int | None = None) -> int:
     """The tool index answered in ``text`` (``" 1<eos>..."`` -> 1). Raises ValueError if not a valid index."""
-    value = _first_json(text)
+    value = first_json(text)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"function_index answer must be a non-negative integer, got {text[:80]!r}")
     if num_tools is not None and value >= num_tools:
@@ -240,12 +352,12 @@ def parse_function_index(text: str, num_tools: int | None = None) -> int:
 
 def parse_argument_value(text: str) -> Any:
     """The JSON value answered in ``text``; ``None`` means null (omit). Raises ValueError if no JSON value."""
-    return _first_json(text)
+    return first_json(text)
 
 
 def parse_direct_call(text: str) -> dict:
     """``{"name": str, "arguments": dict}`` from a direct_call answer; raises ValueError otherwise."""
-    value = _first_json(text)
+    value = first_json(text)
     if not (isinstance(value, dict) and isinstance(value.get("name"), str)
             and isinstance(value.get("arguments"), dict)):
         # ValueError like every other unusable answer: callers catch one exception type
@@ -253,53 +365,60 @@ def parse_direct_call(text: str) -> dict:
     return {"name": value["name"], "arguments": value["arguments"]}
 
 
-# ---------------------------------------------------------------- the request-level wave
-
-@dataclass(frozen=True)
-class SlotQuery:
-    """One prompt of the wave. ``function``/``parameter`` are None for the function_index query."""
-
-    form: Form
-    function: str | None
-    parameter: str | None
-    prompt: str
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
 
 
-def slot_queries(messages: Sequence[Mapping], tools: Sequence[Mapping],
-                 prior_calls: Sequence[Mapping] = ()) -> list[SlotQuery]:
-    """The index query, then one argument query per (tool, parameter) in request / schema order.
+def join_slots(tools: Sequence[Any], index_text: str, argument_texts: Mapping[tuple[str, str], str],
+               direct_call_text: str | None = None) -> dict | None:
+    """Join a wave's answers into ``{"name", "arguments"}``; None when the index answer is unusable.
 
-    For tools ``f(a, b)`` and ``g(c)`` this is 4 queries: index, f.a, f.b, g.c.
-    """
-    queries = [SlotQuery("function_index", None, None, function_index_prompt(messages, tools, prior_calls))]
-    for tool in tools:
-        fn = _function(tool)
-        for p in _properties(fn):
-            queries.append(SlotQuery("argument", fn["name"], p, argument_prompt(messages, tool, p, prior_calls)))
-    return queries
-
-
-def join_slots(tools: Sequence[Mapping], index_text: str,
-               argument_texts: Mapping[tuple[str, str], str]) -> dict | None:
-    """Join the wave's answers into ``{"name", "arguments"}``; None when the index answer is unusable.
-
-    ``argument_texts`` maps ``(function, parameter)`` to the raw answer; null or unparseable answers are
-    dropped (the hint just has fewer arguments), arguments come out in schema order.
+    ``argument_texts`` maps ``(function, parameter)`` to the raw answer. Null, unparseable or schema-invalid
+    values are dropped (the hint just has fewer arguments); arguments come out in schema order. With
+    ``direct_call_text`` the result also carries ``"direct_call"``: that answer parsed, validated against its
+    tool (dropping invalid arguments), or None.
     """
     try:
         index = parse_function_index(index_text, len(tools))
     except ValueError:
         return None
-    fn = _function(tools[index])
+    name = tool_name(tools[index])
+    if name is None:
+        return None
     args = {}
-    for p in _properties(fn):
-        text = argument_texts.get((fn["name"], p))
+    for p, schema in tool_parameters(tools[index]).items():
+        text = argument_texts.get((name, p))
         if text is None:
             continue
         try:
             value = parse_argument_value(text)
         except ValueError:
             continue
-        if value is not None:
+        if value is not None and _finite(value) and schemas.value_matches(value, schema):
             args[p] = value
-    return {"name": fn["name"], "arguments": args}
+    call: dict = {"name": name, "arguments": args}
+    if direct_call_text is not None:
+        call["direct_call"] = checked_direct_call(tools, direct_call_text)
+    return call
+
+
+def checked_direct_call(tools: Sequence[Any], text: str) -> dict | None:
+    """A direct-call answer parsed and checked against ``tools``: unknown tool -> None, invalid or null arguments
+    dropped (the same validation :func:`join_slots` applies to slot answers)."""
+    try:
+        call = parse_direct_call(text)
+    except ValueError:
+        return None
+    tool = next((t for t in tools if tool_name(t) == call["name"]), None)
+    if tool is None:
+        return None
+    params = tool_parameters(tool)
+    args = {p: v for p, v in call["arguments"].items()
+            if p in params and v is not None and _finite(v) and schemas.value_matches(v, params[p])}
+    return {"name": call["name"], "arguments": args}

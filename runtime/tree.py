@@ -113,6 +113,31 @@ def build_tree(
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(children))
 
 
+def subtree(tree: DraftTree, keep: Sequence[int]) -> DraftTree:
+    """``tree`` restricted to the nodes ``keep`` (the root and, with every node, its parent), renumbered.
+
+    Kept nodes stay in their original order, so ``parents[i] < i`` still holds. With the docstring's tree,
+    ``subtree(tree, [0, 1, 4])`` is ``root(9) -> 7 -> 4``: tokens ``(9, 7, 4)``, parents ``(-1, 0, 1)``.
+    """
+    kept = sorted(set(keep))
+    if not kept or kept[0] != 0:
+        raise ValueError(f"a subtree keeps the root (node 0), got {list(keep)[:20]}")
+    new_index = {old: new for new, old in enumerate(kept)}
+    tokens, parents, depths = [], [], []
+    children: list[dict[int, int]] = []
+    for old in kept:
+        parent = tree.parents[old]
+        if old and parent not in new_index:
+            raise ValueError(f"node {old} is kept but its parent {parent} is not")
+        tokens.append(tree.tokens[old])
+        parents.append(new_index[parent] if old else -1)
+        depths.append(tree.depths[old])
+        children.append({})
+        if old:
+            children[new_index[parent]][tree.tokens[old]] = len(tokens) - 1
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(children))
+
+
 def chain_tree(tokens: Sequence[int]) -> DraftTree:
     """A linear tree ``tokens[0] -> tokens[1] -> ...`` (what an oracle or a single candidate gives)."""
     if not tokens:
@@ -145,6 +170,24 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool visibility ``[q, kv]`` -> float additive mask ``[1, 1, q, kv]`` (0 where visible, -inf elsewhere)."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     return mask.masked_fill_(~visible, float("-inf"))[None, None]
+
+
+def visibility_mask(
+    visible: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Any visibility pattern as a float additive mask ``[1, 1, q, kv]``, windowed by position.
+
+    ``visible`` is bool ``[q, kv]``; ``q_pos`` ``[q]`` and ``k_pos`` ``[kv]`` are the position ids of the queries
+    and keys. With ``sliding_window = W`` a key is also hidden when ``q_pos - k_pos >= W``. This is what a
+    forest of branches sharing one prefix needs (the sidecar's wave), where no single root path exists.
+    """
+    if sliding_window is not None:
+        visible = visible & (q_pos[:, None] - k_pos[None, :] < sliding_window)
+    return _additive(visible, dtype)
 
 
 def tree_mask(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ooospec.pipelines.train_sidecar import Recipe, TrainSidecarParams, load_recipe, recipe_from_dict
+from ooospec.pipelines.recipe import Recipe, load_recipe, recipe_from_dict
+from ooospec.pipelines.train_sidecar import TrainSidecarParams
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if p.name != "accelerate_multi_gpu.yaml")
@@ -55,7 +56,9 @@ def test_accelerate_config_uses_the_zero2_json():
     ({"base": "x", "dtype": "fp16"}, "dtype must be one of"),
     ({"base": "x", "lora_r": 0}, "lora_r must be > 0"),
     ({"base": "x", "lora_r": "8"}, "lora_r must be an integer"),
-    ({"base": "x", "bf16": "yes"}, "bf16 must be true/false"),
+    ({"base": "x", "autocast": "yes"}, "autocast must be one of"),
+    ({"base": "x", "autocast": False}, "autocast must be a string"),
+    ({"base": "x", "init_lora_weights": 1}, "init_lora_weights must be true/false"),
     ({"base": "x", "target_modules": ["q_proj", "lm_head"]}, "exclude lm_head"),
     ({"base": "x", "report_to": "mlflow"}, "report_to must be one of"),
 ])

@@ -43,7 +43,11 @@ def detect_format(tokenizer) -> ModuleType:
 
 
 def parse_any(text: str) -> list[dict]:
-    """Calls in ``text`` whatever the format: tagged hermes blocks first, else any call-shaped JSON."""
+    """Calls in ``text`` whatever the format: tagged hermes blocks first, else any call-shaped JSON.
+
+    Never raises on model output: prose, unclosed brackets, NaN and nesting deeper than
+    ``common.MAX_DEPTH`` parse as no call, in time linear in ``len(text)``.
+    """
     return hermes.parse_calls(text)
 
 

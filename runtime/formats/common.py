@@ -8,19 +8,40 @@ arguments as a JSON string).
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
-_DECODER = json.JSONDecoder(strict=False)  # strict=False: models put raw newlines inside strings
+MAX_DEPTH = 100  # JSON nesting a parsed value may have; a deeper value is skipped like any non-JSON text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float")
+    return value
+
+
+# strict=False: models put raw newlines inside strings; NaN / Infinity / 1e999 are not JSON values
+_DECODER = json.JSONDecoder(strict=False, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def function_schemas(tools: list[dict]) -> list[dict]:
-    """The bare function schemas ``{"name", "description", "parameters"}`` of OpenAI-style or bare tools."""
+    """The bare function schemas ``{"name", "description", "parameters"}`` of OpenAI-style or bare tools.
+
+    Raises TypeError for a tool that is not an object or has no string ``name``.
+    """
     out = []
     for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise TypeError(f"tool {i} is a {type(tool).__name__}, not an object: {str(tool)[:200]}")
         fn = tool["function"] if tool.get("type") == "function" and "function" in tool else tool
-        if not isinstance(fn.get("name"), str):
-            raise TypeError(f"tool {i} has no string 'name': {json.dumps(tool)[:200]}")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise TypeError(f"tool {i} has no string 'name': {json.dumps(tool, default=str)[:200]}")
         out.append(fn)
     return out
 
@@ -52,8 +73,8 @@ def to_call(obj: Any) -> dict | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = _DECODER.decode(args) if args.strip() else {}
-        except json.JSONDecodeError:
+            args = loads(args) if args.strip() else {}
+        except ValueError:
             return None
     if not isinstance(args, dict):
         return None
@@ -70,24 +91,131 @@ def _is_tool_definition(obj: dict) -> bool:
     return "description" in obj or schema_like
 
 
+_WS = re.compile(r"[ \t\n\r]*")
+# string body after the opening quote: unambiguous (each loop turn starts at a backslash), so linear even
+# when it fails; raw control characters are allowed (strict=False)
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\]*)*')
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# a bracket that can open JSON at all: "{" before a key or "}", "[" before a value or "]" (the rest is skipped
+# at C speed, so prose or a model looping on "{" costs no Python-level scan)
+_OPENER = re.compile(r'\{(?=[ \t\n\r]*["}])|\[(?=[ \t\n\r]*[-0-9tfn"\[\]{])')
+_KEY_OR_END, _KEY, _COLON, _VALUE_OR_END, _VALUE, _COMMA_OR_END = range(6)
+
+
+def _scan(text: str, start: int, closes: dict[int, int], broken: set[int]) -> tuple[int | None, int]:
+    """Check the JSON syntax of the object/array opening at ``start``, without recursion.
+
+    Returns ``(end, stop)``: ``end`` is just past the value (None when it is not JSON or nests deeper than
+    :data:`MAX_DEPTH`) and ``stop`` is the last position read. Every container met on the way is recorded:
+    ``closes[open] = end`` for those that closed, ``broken`` for those still open when the syntax failed
+    (a fresh scan from them would fail at the same place), so no bracket is scanned twice from the outside.
+    """
+    n = len(text)
+    stack = [(start, text[start] == "{")]
+    expect = _KEY_OR_END if stack[0][1] else _VALUE_OR_END
+    i = start + 1
+    while True:
+        i = _WS.match(text, i).end()
+        if i >= n:
+            break
+        c = text[i]
+        is_object = stack[-1][1]
+        if expect == _COLON:
+            if c != ":":
+                break
+            i, expect = i + 1, _VALUE
+        elif expect == _COMMA_OR_END and c == ",":
+            i, expect = i + 1, (_KEY if is_object else _VALUE)
+        elif c == ("}" if is_object else "]") and expect in (_KEY_OR_END, _VALUE_OR_END, _COMMA_OR_END):
+            opened, _ = stack.pop()
+            i += 1
+            closes[opened] = i
+            if not stack:
+                return i, i
+            expect = _COMMA_OR_END
+        elif c == '"' and expect in (_KEY_OR_END, _KEY, _VALUE, _VALUE_OR_END):
+            end = _STRING_BODY.match(text, i + 1).end()
+            if end >= n or text[end] != '"':
+                i = end
+                break
+            i, expect = end + 1, (_COLON if expect in (_KEY_OR_END, _KEY) else _COMMA_OR_END)
+        elif expect not in (_VALUE, _VALUE_OR_END):
+            break
+        elif c in "{[":
+            if len(stack) >= MAX_DEPTH:
+                break
+            stack.append((i, c == "{"))
+            i, expect = i + 1, (_KEY_OR_END if c == "{" else _VALUE_OR_END)
+        else:
+            m = _NUMBER.match(text, i)
+            if m is not None:
+                i = m.end()
+            elif text.startswith(("true", "null"), i):
+                i += 4
+            elif text.startswith("false", i):
+                i += 5
+            else:
+                break
+            expect = _COMMA_OR_END
+    broken.update(pos for pos, _ in stack)
+    return None, min(i, n)
+
+
 def scan_json_values(text: str) -> list[Any]:
     """Every top-level JSON object/array embedded in ``text``, left to right (non-JSON text is skipped).
+
+    Linear time: each bracket is checked by one syntax scan (:func:`_scan`) that also settles the brackets
+    nested in it, so an unclosed ``"{" * 100_000`` is read once, not once per bracket. Values nesting deeper
+    than :data:`MAX_DEPTH`, and ``NaN`` / ``Infinity`` / overflowing numbers, are not JSON here. A scan that
+    would read the text more than 8 times over in total stops (only contrived text gets there).
 
     >>> scan_json_values('sure: {"a": 1} and [2, {"b": 3}] {broken')
     [{'a': 1}, [2, {'b': 3}]]
     """
-    values, i = [], 0
-    while True:
-        m = re.compile(r"[\[{]").search(text, i)
-        if m is None:
-            return values
+    values: list[Any] = []
+    closes: dict[int, int] = {}
+    broken: set[int] = set()
+    budget = 8 * len(text) + 4096
+    i = 0
+    for m in _OPENER.finditer(text):
+        p = m.start()
+        if p < i or p in broken:
+            continue
+        end = closes.get(p)
+        if end is None:
+            end, stop = _scan(text, p, closes, broken)
+            budget -= stop - p
+            if end is None:
+                if budget < 0:
+                    break
+                continue
         try:
-            value, end = _DECODER.raw_decode(text, m.start())
-        except json.JSONDecodeError:
-            i = m.start() + 1
+            value, _ = _DECODER.raw_decode(text, p)
+        except (ValueError, RecursionError):  # NaN, an overflowing float, an integer past int_max_str_digits
             continue
         values.append(value)
         i = end
+    return values
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` in bounded depth: the one JSON value that ``text`` holds (whitespace around it allowed).
+
+    Raises ValueError when it is not exactly one JSON value, holds NaN / Infinity, or nests deeper than
+    :data:`MAX_DEPTH` (never RecursionError).
+    """
+    start = _WS.match(text).end()
+    if start < len(text) and text[start] in "{[":
+        end, _ = _scan(text, start, {}, set())
+        if end is None:
+            raise ValueError(f"not a JSON value within depth {MAX_DEPTH}: {text[start:start + 80]!r}")
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except RecursionError:
+        raise ValueError(f"JSON nests too deep: {text[start:start + 80]!r}") from None
+    if _WS.match(text, end).end() != len(text):
+        raise ValueError(f"extra text after the JSON value: {text[end:end + 80]!r}")
+    return value
 
 
 def calls_in(text: str) -> list[dict]:

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from ooospec import cli
 from ooospec.eval import bench, peers
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
+from ooospec.runtime import hardware
 from ooospec.runtime.formats import detect_format
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
@@ -25,7 +26,9 @@ TEMPLATE = (
     "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-REQUIRED = ("n", "mean_s", "median_s", "speedup", "decode_speedup", "mat", "exact_rate", "defects")
+REQUIRED = ("n", "mean_s", "median_s", "speedup", "decode_speedup", "mat", "exact_rate", "defects",
+            "prefill_flops_per_s", "decode_bytes_per_s", "prefill_peak_frac", "decode_peak_frac")
+ROOF = {"peak_flops": 1e11, "peak_bytes_per_s": 1e10}
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -74,23 +77,25 @@ def target():
 @pytest.fixture(scope="module")
 def results(target):
     model, tok = target
-    factories, notes = bench.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
+    factories, notes = bench.build_methods(["ar", "pld", "toolspec", "hf-pld", "toolspec-fixed"], model, tok,
                                            eos_token_ids=bench.eos_ids(model, tok), pld_tokens=5)
     assert notes == []
     return bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
-                           progress=False)
+                           progress=False, roofline=ROOF)
 
 
 # ------------------------------------------------------------------------------------------ end to end
 
 
 def test_run_has_required_keys_and_order(results):
-    assert list(results["methods"]) == ["ar", "hf-greedy", "pld", "toolspec", "hf-pld"]
+    assert list(results["methods"]) == ["ar", "hf-greedy", "pld", "toolspec", "hf-pld", "toolspec-fixed"]
     for name, summary in results["methods"].items():
         missing = [k for k in REQUIRED if k not in summary]
         assert not missing, f"{name} lacks {missing}"
         assert summary["n"] == 3
-    assert len(results["examples"]) == 3 * 5
+        assert summary["prefill_flops_per_s"] > 0 and summary["decode_bytes_per_s"] > 0
+        assert summary["prefill_peak_frac"] == pytest.approx(summary["prefill_flops_per_s"] / ROOF["peak_flops"])
+    assert len(results["examples"]) == 3 * 6
     json.dumps(results, allow_nan=False)  # standard JSON: no NaN / inf anywhere
 
 
@@ -114,8 +119,10 @@ def test_hf_forward_counting(results):
     for row in results["examples"]:
         if row["method"] == "hf-greedy":  # one forward per token, prefill included (it yields token 1)
             assert row["forwards"] == row["new_tokens"] and set(row["tree_sizes"]) == {1}
-        if row["method"] in ("ar", "pld", "toolspec"):
+        if row["method"] in ("ar", "pld", "toolspec", "toolspec-fixed"):
             assert 0 <= row["draft_s"] <= row["decode_s"]
+            assert len(row["proposed"]) == row["forwards"]
+            assert all(t - 1 <= p for t, p in zip(row["tree_sizes"], row["proposed"]))
         if row["method"] in ("pld", "toolspec", "hf-pld"):
             assert 1 <= row["forwards"] <= row["new_tokens"] and len(row["tree_sizes"]) == row["forwards"]
 
@@ -133,7 +140,20 @@ def test_examples_in_id_order_and_stop_rule(results):
 # ------------------------------------------------------------------------------------------ CLI
 
 
-def test_cli_writes_results_and_report(tmp_path, target):
+def test_fixed_method_stays_within_its_budget(results):
+    fixed = [t for r in results["examples"] if r["method"] == "toolspec-fixed" for t in r["tree_sizes"]]
+    assert max(fixed) <= bench.FIXED_NODES + 1
+    assert results["methods"]["toolspec-fixed"]["exact_rate"] == 1.0
+
+
+@pytest.fixture
+def fake_roofline(monkeypatch):
+    """The roofline probes sweep 1 GiB and time large matmuls: faked here, tested in tests/runtime/test_hardware."""
+    monkeypatch.setattr(hardware, "roofline", lambda dtype, threads: {"cpu": "fake", "flags": [], "threads": threads,
+                                                                      "dtype": dtype, **ROOF})
+
+
+def test_cli_writes_results_and_report(tmp_path, target, fake_roofline):
     model, tok = target
     model_dir = tmp_path / "tiny"
     model.save_pretrained(model_dir)
@@ -150,14 +170,36 @@ def test_cli_writes_results_and_report(tmp_path, target):
     assert list(res["methods"]) == ["ar", "hf-assisted", "hf-greedy"]  # JSON keys are sorted on disk
     assert res["config"]["methods"] == ["ar", "hf-greedy", "hf-assisted"]
     assert {r["id"] for r in res["examples"]} == {"toy/test/a", "toy/test/b"}
-    for key in ("torch", "threads", "dtype", "cpu", "commit"):
+    for key in ("torch", "threads", "dtype", "cpu", "commit", "cpu_flags", "footprint", "dtype_reason"):
         assert key in res["env"]
-    assert res["env"]["threads"] == 1 and res["env"]["dtype"] == "fp32"
+    assert res["env"]["threads"] == 1 and res["env"]["dtype"] == "fp32" and res["env"]["dtype_reason"] == "given"
+    assert res["env"]["roofline"]["peak_flops"] == ROOF["peak_flops"]
+    assert res["methods"]["ar"]["decode_peak_frac"] > 0
     # the draft is the target itself: exact, and more than one token per target forward
     assisted = res["methods"]["hf-assisted"]
     assert assisted["exact_rate"] == 1.0 and assisted["mat"] > 1.0
     assert res["notes"] == [] and res["partial"] is False
     assert (tmp_path / "report" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_with_all_defaults(tmp_path, target, fake_roofline, monkeypatch):
+    """The documented command line: no --threads, --dtype, --methods or --out."""
+    model, tok = target
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, toy_records())
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert cli.main(["bench", "--target", str(tmp_path / "tiny"), "--dataset", str(data), "--limit", "1",
+                         "--max-new-tokens", "8", "--warmup", "0"]) == 0
+    finally:
+        torch.set_num_threads(1)
+    res = json.loads((tmp_path / "results" / "bench_tiny_toy.json").read_text())
+    env = res["env"]
+    assert env["dtype_requested"] == "auto" and env["dtype"] in ("bf16", "fp32") and env["dtype_reason"]
+    assert env["threads"] == hardware.available_cores() and "sched_getaffinity" in env["threads_reason"]
+    assert res["config"]["methods"] == ["ar", "hf-greedy", "pld", "toolspec", "hf-pld"]
 
 
 def test_hf_assisted_without_draft_falls_back_and_says_so(target):
@@ -258,3 +300,51 @@ def test_forward_counter_counts_and_restores(target):
         model(torch.tensor([[4]]))
     assert counter.q_lens == [3, 1] and counter.t_first is not None
     assert "forward" not in vars(model)  # the class method is back
+
+
+# ------------------------------------------------------------------------------------------ ooospec
+
+
+def test_ooospec_gold_hints_are_exact_used_and_reported(target):
+    model, tok = target
+    factories, _ = bench.build_methods(["ar", "toolspec", "ooospec-gold"], model, tok,
+                                       eos_token_ids=bench.eos_ids(model, tok))
+    res = bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+                          progress=False)
+    gold = res["methods"]["ooospec-gold"]
+    assert gold["exact_rate"] == 1.0 and gold["defects"] == 0
+    h = gold["hints"]
+    assert h["n"] == 3 and h["ready_before_first_tree"] == 1.0 and h["errors"] == {}
+    rows = [r for r in res["examples"] if r["method"] == "ooospec-gold"]
+    assert all(r["hints"]["source"] == "gold" and r["hints"]["bank_tokens"] > 0 for r in rows)
+    assert "hints" not in res["methods"]["toolspec"]
+
+
+@pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
+def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
+    from tests.runtime.sidecar_servers import StandIn
+
+    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
+    from ooospec.runtime.sidecar_client import SidecarClient
+
+    model, tok = target
+    with StandIn(mode) as server:
+        hints = SidecarHints(SidecarClient(server.url, timeout=30.0), DEPLOYMENTS["shared"], 1)
+        factories, _ = bench.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench.eos_ids(model, tok),
+                                           hints=hints)
+        res = bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+                              progress=False)
+    oo = res["methods"]["ooospec"]
+    assert oo["exact_rate"] == 1.0
+    assert oo["hints"]["ready_before_end"] == 0.0 and oo["hints"]["used"] == 0.0
+    assert oo["mean_s"] < 10.0          # a hanging sidecar (20 s) never held a request up
+    rows = [r for r in res["examples"] if r["method"] == "ooospec"]
+    assert all(r["hints"]["submit_s"] is not None and r["hints"]["submit_s"] >= 0 for r in rows)
+    # a call that ends before the answer arrives cancels its wave (recorded asynchronously by the client)
+    assert set(oo["hints"]["errors"]) <= {"bad_json" if mode == "invalid_json" else "timeout", "cancelled"}
+
+
+def test_ooospec_without_hint_source_is_refused(target):
+    model, tok = target
+    with pytest.raises(ValueError, match="needs a hint source"):
+        bench.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench.eos_ids(model, tok))

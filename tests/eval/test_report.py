@@ -61,3 +61,16 @@ def test_module_cli(tmp_path, capsys):
     assert (tmp_path / "out" / "bench.png").is_file()
     assert (tmp_path / "out" / "table.md").read_text().startswith("| method |")
     assert "| pld |" in capsys.readouterr().out
+
+
+def test_hint_table_only_for_methods_with_hints():
+    from ooospec.eval import report
+
+    res = {"methods": {"ar": {"n": 2}, "ooospec": {"n": 2, "hints": {
+        "n": 2, "ready_before_first_tree": 0.5, "ready_before_end": 1.0, "used": 0.5,
+        "mean_hint_tokens_accepted": 3.0, "median_ready_s": 0.25, "median_payload_bytes": 120,
+        "mean_target_sidecar_s": 0.002, "errors": {"timeout": 1}}}}, "examples": []}
+    text = report.markdown_table(res)
+    assert "| ooospec | 2 | 50% | 100% | 50% | 3.0 | 0.250 | 120 | 2.0 | timeout 1 |" in text
+    assert "| ar |" not in text.split("| hints of |")[1]
+    assert report.hint_table({"methods": {"ar": {"n": 1}}, "examples": []}) == []

@@ -10,19 +10,21 @@ from ooospec.eval import sidecar_report as sr
 
 
 def metrics(base: str, fn_acc: float, median_ms: float) -> tuple[dict, dict]:
-    train = {"base": base, "rows": {"trained": 100}, "train_seconds": 300.0, "train_cpu_seconds": 250.0,
+    train = {"base": base, "requests": {"trained": 100}, "train_seconds": 300.0, "train_cpu_seconds": 250.0,
              "threads": 1, "final_loss": 0.5}
-    ev = {"base": base, "requests": 24,
-          "function_index": {"accuracy": fn_acc}, "baselines": {"function_index_always_0": 0.5}, "argument": {"exact_match": 0.75, "exact_match_non_null": 0.5},
+    ev = {"base": base, "requests": 24, "dtype": "bf16",
+          "function_index": {"accuracy": fn_acc}, "baselines": {"function_index_always_0": 0.5},
+          "argument": {"exact_match": 0.75, "exact_match_non_null": None}, "joined": {"exact_match": 0.4},
           "null": {"precision": 0.9, "recall": None}, "direct_call": {"exact_match": 0.25},
-          "latency": {"wave": "full", "threads": 1, "median_ms": median_ms, "p90_ms": 2 * median_ms,
-                      "median_wave_rows": 9}}
+          "latency": {"threads": 2, "median_queries": 9, "prefill": {"median_ms": 100.0},
+                      "decode": {"median_ms": median_ms - 100}, "wave": {"median_ms": median_ms, "p90_ms": 2 * median_ms}}}
     return train, ev
 
 
 def test_parse_run_names_a_malformed_spec():
     assert sr.parse_run("a=t.json,e.json") == ("a", sr.Path("t.json"), sr.Path("e.json"))
-    for bad in ("a", "a=t.json", "=t.json,e.json", "a=t.json,"):
+    assert sr.parse_run("a=e.json") == ("a", None, sr.Path("e.json"))
+    for bad in ("a", "=t.json,e.json", "a=t.json,", "a=x,y,z"):
         with pytest.raises(ValueError, match="LABEL=TRAIN"):
             sr.parse_run(bad)
 
@@ -30,11 +32,14 @@ def test_parse_run_names_a_malformed_spec():
 def test_table_one_row_per_run_with_formatted_values():
     text = sr.table([("small", *metrics("smollm2-135m", 0.625, 1500.0)), ("big", *metrics("qwen", 1.0, 4000.0))])
     lines = text.splitlines()
-    assert lines[0].startswith("| run | base | rows trained")
+    assert lines[0].startswith("| run | base | requests trained")
     small, big = lines[2], lines[3]
-    assert small.startswith("| small | smollm2-135m | 100 | 300 | 1 | 2.50 | 0.500 | 62.5% | 50.0% | 75.0% | - | 50.0% |")
-    assert "| 0.90 | - |" in small  # null recall missing -> "-"
-    assert small.endswith("| 24 | full | 9 | 1.50 | 3.00 |") and big.endswith("| 24 | full | 9 | 4.00 | 8.00 |")
+    assert small.startswith("| small | smollm2-135m | 100 | 300 | 1 | 2.50 | 0.500 | 62.5% | 50.0% | 75.0% | - | - |")
+    assert "| 40.0% | 25.0% |" in small  # joined, direct
+    assert small.endswith("| 24 | 9 | 0.100 | 1.400 | 1.500 | 3.000 | 2 / bf16 |")
+    assert big.endswith("| 24 | 9 | 0.100 | 3.900 | 4.000 | 8.000 | 2 / bf16 |")
+    untrained = sr.table([("base", {}, metrics("smollm2-135m", 0.1, 900.0)[1])]).splitlines()[2]
+    assert untrained.startswith("| base | smollm2-135m | - | - | - | - | - | 10.0% |")
 
 
 def test_cli_writes_table_and_png(tmp_path):

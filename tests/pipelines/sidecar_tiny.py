@@ -50,7 +50,7 @@ def tiny_recipe_dict(base: Path, **overrides) -> dict:
     d = {"base": str(base), "base_model_id": "tiny/llama-test", "dtype": "fp32", "lora_r": 4, "lora_alpha": 8,
          "lora_dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
          "init_lora_weights": False, "learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_ratio": 0.0,
-         "per_device_train_batch_size": 4, "max_len": 1024, "logging_steps": 1, "save_steps": 2,
+         "per_device_train_batch_size": 4, "max_len": 4096, "autocast": "none", "logging_steps": 1, "save_steps": 2,
          "save_total_limit": 5, "report_to": "none"}
     d.update(overrides)
     return d

@@ -1,4 +1,4 @@
-"""eval_sidecar: metric definitions on planted predictors, the per-request wave, and an end-to-end tiny run."""
+"""eval_sidecar: metric definitions on planted answers, request selection, and an end-to-end tiny run."""
 
 from __future__ import annotations
 
@@ -6,159 +6,106 @@ import json
 
 import pytest
 import torch
-from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
+from sidecar_tiny import FIXTURE, save_tiny_base, tiny_recipe_dict
 
 from ooospec.pipelines import eval_sidecar as ev
 from ooospec.pipelines import train_sidecar as ts
+from ooospec.pipelines.recipe import recipe_from_dict
+from ooospec.pipelines.slot_rows import read_request_rows
 
 torch.set_num_threads(1)
+RECORDS = FIXTURE.parent / "train_records.jsonl"
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return ts.read_slot_rows(FIXTURE)
+    return read_request_rows(FIXTURE)
 
 
-def test_perfect_predictor_scores_one_everywhere(rows):
-    m = ev.score(rows, {r["id"]: r["completion"] + "</s> trailing" for r in rows})
-    assert m["function_index"]["accuracy"] == 1.0 and m["function_index"]["n"] == 3
-    assert m["argument"]["exact_match"] == 1.0 and m["argument"]["n"] == 11
-    assert m["argument"]["exact_match_non_null"] == 1.0 and m["argument"]["n_non_null"] == 6
+def _slots(rows):
+    return [s for r in rows for s in r["slots"]]
+
+
+def test_perfect_answers_score_one_everywhere(rows):
+    slots = _slots(rows)
+    m = ev.score(slots, [s["answer"] + "</s> trailing" for s in slots])
+    assert m["function_index"]["accuracy"] == 1.0 and m["function_index"]["n"] == 9
+    assert m["argument"]["exact_match"] == 1.0 and m["argument"]["n"] == 59
+    assert m["argument"]["exact_match_non_null"] == 1.0 and m["argument"]["n_non_null"] == 26
     assert m["direct_call"]["exact_match"] == 1.0
-    assert m["null"] == {"tp": 5, "predicted_null": 5, "gold_null": 5, "precision": 1.0, "recall": 1.0}
+    assert m["null"] == {"tp": 33, "predicted_null": 33, "gold_null": 33, "precision": 1.0, "recall": 1.0}
 
 
-def test_imperfect_predictor_counts_each_error_once(rows):
-    pred = {r["id"]: r["completion"] for r in rows}
-
-    def rid(record, form, fn=None, param=None):
-        return next(r["id"] for r in rows if r["record_id"].endswith(record) and r["form"] == form
-                    and (param is None or (r["function"], r["parameter"]) == (fn, param)))
-
-    pred[rid("OpenWeather-8", "function_index")] = "0"                        # wrong tool
-    pred[rid("OpenWeather-8", "argument", "getForecast", "location")] = "null"  # missed value -> null
-    pred[rid("Calculator-7#1", "argument", "AddAlarm", "time")] = '"10:00"'     # spurious value for a null slot
-    pred[rid("OpenLibrary-2", "argument", "searchBooks", "limit")] = "five"     # unparseable
-    pred[rid("OpenLibrary-2", "argument", "searchBooks", "author")] = ' "Ursula K. Le Guin"\n'  # whitespace ok
-    # argument order inside a call does not matter, a different value does
-    pred[rid("OpenWeather-8", "direct_call")] = '{"name":"getForecast","arguments":{"location":"Kyoto","days":3}}'
-    pred[rid("OpenLibrary-2", "direct_call")] = '{"name":"searchBooks","arguments":{"q":"wizards"}}'
-    m = ev.score(rows, pred)
-    assert (m["function_index"]["correct"], m["function_index"]["accuracy"]) == (2, round(2 / 3, 6))
-    assert m["argument"]["correct"] == 8 and m["argument"]["exact_match"] == round(8 / 11, 6)
-    assert m["argument"]["exact_match_non_null"] == round(4 / 6, 6)
-    assert m["argument"]["unparseable"] == 1
-    assert m["direct_call"]["correct"] == 2
-    # gold null = 5; predicted null = 5 gold nulls - 1 (spurious) + 1 (missed) = 5; tp = 4
-    assert m["null"] == {"tp": 4, "predicted_null": 5, "gold_null": 5, "precision": 0.8, "recall": 0.8}
-    assert {x["id"] for x in m["argument"]["mistakes"]} == {
-        rid("OpenWeather-8", "argument", "getForecast", "location"),
-        rid("Calculator-7#1", "argument", "AddAlarm", "time"), rid("OpenLibrary-2", "argument", "searchBooks", "limit")}
+def test_each_error_is_counted_once(rows):
+    weather8 = next(r for r in rows if r["id"].endswith("OpenWeather-8#0"))
+    slots = weather8["slots"]
+    answers = [s["answer"] for s in slots]
+    where = {(s["form"], s["function"], s["parameter"]): i for i, s in enumerate(slots)}
+    answers[where[("function_index", None, None)]] = "0"                              # wrong tool
+    answers[where[("argument", "getForecast", "location")]] = "null"                  # missed value
+    answers[where[("argument", "getCurrentWeather", "units")]] = '"metric"'           # spurious value
+    answers[where[("argument", "getForecast", "days")]] = "three"                      # unparseable
+    answers[where[("direct_call", None, None)]] = '{"arguments":{"days":3,"location":"Kyoto"},"name":"getForecast"}'
+    m = ev.score(slots, answers)
+    assert m["function_index"]["correct"] == 0 and m["direct_call"]["correct"] == 1   # key order is free
+    assert (m["argument"]["n"], m["argument"]["correct"], m["argument"]["unparseable"]) == (5, 2, 1)
+    assert m["argument"]["exact_match_non_null"] == 0.0
+    # gold null 3 (lang, location, units of getCurrentWeather); predicted null: lang, location + the missed one
+    assert m["null"] == {"tp": 2, "predicted_null": 3, "gold_null": 3, "precision": round(2 / 3, 6),
+                         "recall": round(2 / 3, 6)}
+    assert {x["query"] for x in m["argument"]["mistakes"]} == {
+        "Query: getForecast.location", "Query: getCurrentWeather.units", "Query: getForecast.days"}
 
 
 def test_trivial_baselines_are_constant_answers_scored(rows):
-    b = ev.trivial_baselines(rows)
-    assert b["argument_always_null"] == ev.score(rows, {r["id"]: "null" for r in rows})["argument"]["exact_match"]
-    assert b["function_index_always_0"] == ev.score(rows, {r["id"]: "0" for r in rows})["function_index"]["accuracy"]
-    assert b == {"function_index_always_0": round(2 / 3, 6), "argument_always_null": round(5 / 11, 6)}
+    slots = _slots(rows)
+    b = ev.trivial_baselines(slots)
+    assert b["argument_always_null"] == ev.score(slots, ["null"] * len(slots))["argument"]["exact_match"]
+    assert b["function_index_always_0"] == ev.score(slots, ["0"] * len(slots))["function_index"]["accuracy"]
+    assert b == {"function_index_always_0": round(5 / 9, 6), "argument_always_null": round(33 / 59, 6)}
 
 
-def test_missing_prediction_is_an_error(rows):
-    with pytest.raises(ValueError, match="no prediction for 1 row"):
-        ev.score(rows, {r["id"]: r["completion"] for r in rows[1:]})
-
-
-def test_each_wave_is_one_requests_index_and_argument_rows(rows):
-    batches = []
-
-    def answer(prompts):
-        batches.append(list(prompts))
-        return ["0"] * len(prompts)
-
-    requests = ev.group_requests(rows)
-    answers, seconds, sizes = ev.run_waves(requests, answer)
-    assert len(seconds) == 3 and len(batches) == 4  # the first wave once more, as warm-up
-    assert sizes == [len(b) for b in batches[1:]]
-    assert batches[0] == batches[1]
-    for batch, (rid, rs) in zip(batches[1:], requests.items()):
-        assert batch == [r["prompt"] for r in rs if r["form"] != "direct_call"]
-    assert set(answers) == {r["id"] for r in rows if r["form"] != "direct_call"}
-
-
-def test_full_waves_are_timed_and_score_the_rows_of_the_same_batch(rows):
-    requests = ev.group_requests(rows)
-    extra = "Task: argument\nan uncapped null query\n"
-    full = {rid: [extra] + [r["prompt"] for r in rs if r["form"] != "direct_call"][::-1]
-            for rid, rs in requests.items()}
-    batches = []
-
-    def answer(prompts):  # each prompt answered by its position: row answers must follow their own prompt
-        batches.append(list(prompts))
-        return [str(i) for i in range(len(prompts))]
-
-    answers, _, sizes = ev.run_waves(requests, answer, full)
-    assert batches[1:] == list(full.values()) and sizes == [len(w) for w in full.values()]
-    for rid, rs in requests.items():
-        for r in rs:
-            if r["form"] != "direct_call":
-                assert answers[r["id"]] == str(full[rid].index(r["prompt"]))
-    broken = {rid: w[:1] for rid, w in full.items()}
-    with pytest.raises(ValueError, match="not in the full wave"):
-        ev.run_waves(requests, answer, broken)
-
-
-def test_read_waves_names_a_missing_request(tmp_path):
-    path = tmp_path / "waves.jsonl"
-    path.write_text(json.dumps({"request": "r#0", "record_id": "r", "prompts": ["p"]}) + "\n")
-    assert ev.read_waves(path, ["r#0"]) == {"r#0": ["p"]}
-    with pytest.raises(ValueError, match="no wave for 1 evaluated request"):
-        ev.read_waves(path, ["r#0", "s#1"])
-
-
-def test_request_key_splits_records_by_call():
-    row = {"id": "apibank/x#3#1/argument/f/p", "record_id": "apibank/x#3"}
-    assert ev.request_key(row) == "apibank/x#3#1"
-    assert ev.request_key({"id": "r#0/function_index", "record_id": "r"}) == "r#0"
-    assert ev.request_key({"id": "free-form-id", "record_id": "r"}) == "r"
+def test_joined_score_compares_whole_calls():
+    gold = [{"name": "f", "arguments": {"a": 1, "b": 2}}, {"name": "g", "arguments": {}}]
+    joined = [{"name": "f", "arguments": {"b": 2, "a": 1}}, None]
+    assert ev.joined_score(joined, gold) == {"n": 2, "exact_match": 0.5, "name_accuracy": 0.5, "none": 1}
 
 
 def test_select_requests_bounds_and_is_seeded(rows):
-    groups = ev.group_requests(rows)
-    two = ev.select_requests(groups, 2, seed=0)
-    assert len(two) == 2 and two == ev.select_requests(dict(reversed(groups.items())), 2, seed=0)
-    assert len(ev.select_requests(groups, 0, seed=0)) == 3
+    two = ev.select_requests(rows, 2, seed=0)
+    assert len(two) == 2 and two == ev.select_requests(rows[::-1], 2, seed=0)
+    assert [r["id"] for r in two] == sorted(r["id"] for r in two)
+    assert len(ev.select_requests(rows, 0, seed=0)) == len(rows)
+    with pytest.raises(ValueError, match="max_requests"):
+        ev.select_requests(rows, -1, seed=0)
 
 
-def test_batched_greedy_answers_equal_one_by_one():
-    model, tok = tiny_llama(seed=1), byte_tokenizer()
-    prompts = ["Task: argument\nx\n", "Task: function_index\nConversation:\nuser: hello there\n", "a"]
-    batched = ev.greedy_answers(model, tok, prompts, max_new_tokens=6)
-    single = [ev.greedy_answers(model, tok, [p], max_new_tokens=6)[0] for p in prompts]
-    assert batched == single
-    assert all(isinstance(a, str) for a in batched)
+def test_records_become_rows_and_broken_records_are_skipped(tmp_path):
+    recs = tmp_path / "recs.jsonl"
+    lines = RECORDS.read_text().splitlines()
+    broken = json.loads(lines[0])
+    broken["calls"] = [{"name": "not_a_tool", "arguments": {}}]
+    recs.write_text("\n".join(lines[1:] + [json.dumps(broken)]) + "\n")
+    rows, skipped = ev.rows_from_records(recs)
+    assert skipped == 1 and len(rows) == 8
+    with pytest.raises(FileNotFoundError, match="neither a file nor a benchmark"):
+        ev.resolve_records("no-such-benchmark")
 
 
-def test_run_end_to_end_on_a_tiny_sidecar(tmp_path):
+def test_run_end_to_end_on_a_tiny_sidecar(tmp_path, rows):
     base = save_tiny_base(tmp_path / "base")
-    recipe = ts.recipe_from_dict(tiny_recipe_dict(base, max_steps=2, save_steps=10))
-    ts.run(ts.TrainSidecarParams(max_train_rows=0, threads=1), FIXTURE, tmp_path / "sidecar",
+    recipe = recipe_from_dict(tiny_recipe_dict(base, max_steps=2, save_steps=10))
+    ts.run(ts.TrainSidecarParams(max_train_requests=0, threads=1), FIXTURE, tmp_path / "sidecar",
            tmp_path / "train.json", recipe=recipe)
-    params = ev.EvalSidecarParams(max_heldout_requests=2, max_new_tokens=4, threads=1)
-    m = ev.run(params, FIXTURE, tmp_path / "sidecar", tmp_path / "metrics" / "eval_sidecar.json")
-    assert json.loads((tmp_path / "metrics" / "eval_sidecar.json").read_text()) == m
-    assert m["requests"] == 2 and m["requests_available"] == 3
-    assert m["rows"] == m["function_index"]["n"] + m["argument"]["n"] + m["direct_call"]["n"]
-    assert m["function_index"]["n"] == 2
-    assert m["latency"]["waves"] == 2 and m["latency"]["threads"] == 1 and m["latency"]["median_ms"] > 0
-    assert m["latency"]["wave"] == "heldout_rows"
-    # with the runtime's full waves: same rows scored, bigger timed batches
-    requests = ev.group_requests(ts.read_slot_rows(FIXTURE))
-    waves = tmp_path / "waves.jsonl"
-    waves.write_text("".join(json.dumps({"request": rid, "record_id": rs[0]["record_id"],
-                                         "prompts": [r["prompt"] for r in rs if r["form"] != "direct_call"]
-                                         + ["Task: argument\nextra null query\n"]}) + "\n"
-                             for rid, rs in requests.items()))
-    full = ev.run(params, FIXTURE, tmp_path / "sidecar", tmp_path / "full.json", waves_path=waves)
-    assert full["latency"]["wave"] == "full" and full["rows"] == m["rows"]
-    assert full["latency"]["max_wave_rows"] == m["latency"]["max_wave_rows"] + 1
-    assert m["anchor"]["function_index_accuracy"] == 0.963
+    params = ev.EvalSidecarParams(max_requests=3, max_new_tokens=4, threads=1, dtype="fp32")
+    out = tmp_path / "metrics" / "eval_sidecar.json"
+    m = ev.run(params, rows, tmp_path / "sidecar" / "adapter", out, source=str(FIXTURE))
+    assert json.loads(out.read_text()) == m
+    assert m["requests"] == 3 and m["requests_available"] == 9 and m["dtype"] == "fp32"
+    assert m["function_index"]["n"] == 3 and m["direct_call"]["n"] == 3 and m["joined"]["n"] == 3
+    assert m["argument"]["n"] == sum(len(r["slots"]) - 2 for r in ev.select_requests(rows, 3, 0))
+    lat = m["latency"]
+    assert lat["threads"] == 1 and lat["wave"]["median_ms"] > 0 and lat["prefill"]["median_ms"] > 0
+    assert lat["median_forwards"] <= params.max_new_tokens
+    floor = ev.run(params, rows, None, tmp_path / "base.json", base=str(base))
+    assert floor["adapter"] is None and floor["requests"] == 3

@@ -1,4 +1,4 @@
-"""expand_slots stage: forms and counts on known records, one literal argument row, caps and the split."""
+"""expand_slots stage: one request row per call, the wave's slots with gold answers, the null cap and the split."""
 
 import dataclasses
 import json
@@ -8,90 +8,78 @@ import pytest
 
 from ooospec.pipelines import expand_slots, normalize, teacher
 from ooospec.pipelines.records import read_jsonl
+from ooospec.pipelines.slot_rows import read_request_rows, request_row
 from ooospec.runtime import sidecar_prompts as sp
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "train_records.jsonl"
 RECORDS = {r["id"]: r for r in read_jsonl(FIXTURE)}
-NO_CAP = expand_slots.ExpandSlotsParams(max_null_per_record=None, heldout_fraction=0.0)
+NO_CAP = expand_slots.ExpandSlotsParams(max_null_per_request=None, heldout_fraction=0.0)
 WEATHER_ID = "toolalpaca/train/OpenWeather-3"
 
 
-def _rows(record, params=NO_CAP):
-    rows, _ = expand_slots.record_rows(record, params)
-    return {r["id"]: r for r in rows}
+def _rows(record, params=NO_CAP, split="train"):
+    rows, _ = expand_slots.record_rows(record, params, split)
+    return rows
 
 
-def test_known_record_forms_and_literal_argument_row():
+def test_known_record_row_is_the_wave_with_gold_answers():
     # records are stored as canonical JSON (sorted keys), so schema properties come in alphabetical order
-    rows = _rows(RECORDS[WEATHER_ID])
-    # 1 index + 1 direct call + (3 + 2) parameters of the two candidate functions
-    assert sorted(rows) == sorted([
-        f"{WEATHER_ID}#0/function_index", f"{WEATHER_ID}#0/direct_call",
-        f"{WEATHER_ID}#0/argument/getCurrentWeather/location", f"{WEATHER_ID}#0/argument/getCurrentWeather/units",
-        f"{WEATHER_ID}#0/argument/getCurrentWeather/lang", f"{WEATHER_ID}#0/argument/getForecast/location",
-        f"{WEATHER_ID}#0/argument/getForecast/days"])
-    units = rows[f"{WEATHER_ID}#0/argument/getCurrentWeather/units"]
-    assert units == {
-        "id": f"{WEATHER_ID}#0/argument/getCurrentWeather/units", "record_id": WEATHER_ID, "form": "argument",
-        "function": "getCurrentWeather", "parameter": "units",
-        "prompt": ("Task: argument\n"
-                   "Conversation:\n"
-                   "system: You are a helpful assistant with access to weather tools.\n"
-                   "user: How warm is it in Lisbon right now? Use Fahrenheit please.\n"
-                   "Function:\n"
-                   "getCurrentWeather - Get the current weather for a location.\n"
-                   "  lang (string, optional): Language code of the description.\n"
-                   "  location (string, required): City name, e.g. London\n"
-                   '  units ("metric"|"imperial", optional): Units of measurement.\n'
-                   "Parameter: units\n"
-                   'Answer: the JSON value of "units" if getCurrentWeather is called next, else null.\n'),
-        "completion": '"imperial"'}
-    completions = {i.split("#0/")[1]: r["completion"] for i, r in rows.items()}
-    assert completions == {
-        "function_index": "0",
-        "direct_call": '{"name":"getCurrentWeather","arguments":{"location":"Lisbon","units":"imperial"}}',
-        "argument/getCurrentWeather/location": '"Lisbon"', "argument/getCurrentWeather/units": '"imperial"',
-        "argument/getCurrentWeather/lang": "null", "argument/getForecast/location": "null",
-        "argument/getForecast/days": "null"}
-    assert rows[f"{WEATHER_ID}#0/direct_call"]["parameter"] is None
-    assert rows[f"{WEATHER_ID}#0/function_index"]["function"] == "getCurrentWeather"
-
-
-def test_prompts_are_the_runtime_queries():
-    rec = RECORDS[WEATHER_ID]
-    rows = _rows(rec)
-    for q in sp.slot_queries(rec["messages"], rec["tools"]):
-        key = "function_index" if q.form == "function_index" else f"argument/{q.function}/{q.parameter}"
-        assert rows[f"{WEATHER_ID}#0/{key}"]["prompt"] == q.prompt
-    assert rows[f"{WEATHER_ID}#0/direct_call"]["prompt"] == sp.direct_call_prompt(rec["messages"], rec["tools"])
+    (row,) = _rows(RECORDS[WEATHER_ID])
+    assert row["id"] == f"{WEATHER_ID}#0" and row["function"] == "getCurrentWeather"
+    assert row["block"] == (
+        "Conversation:\n"
+        "system: You are a helpful assistant with access to weather tools.\n"
+        "user: How warm is it in Lisbon right now? Use Fahrenheit please.\n"
+        "Tools:\n"
+        "[0] getCurrentWeather - Get the current weather for a location.\n"
+        "  lang (string, optional): Language code of the description.\n"
+        "  location (string, required): City name, e.g. London\n"
+        '  units ("metric"|"imperial", optional): Units of measurement.\n'
+        "[1] getForecast - Get a 5-day weather forecast for a location.\n"
+        "  days (integer, optional): Number of days.\n"
+        "  location (string, required): City name.\n")
+    answers = {(s["form"], s["function"], s["parameter"]): s["answer"] for s in row["slots"]}
+    assert answers == {
+        ("function_index", None, None): "0",
+        ("argument", "getCurrentWeather", "lang"): "null",
+        ("argument", "getCurrentWeather", "location"): '"Lisbon"',
+        ("argument", "getCurrentWeather", "units"): '"imperial"',
+        ("argument", "getForecast", "days"): "null",
+        ("argument", "getForecast", "location"): "null",
+        ("direct_call", None, None): '{"name":"getCurrentWeather","arguments":{"location":"Lisbon","units":"imperial"}}'}
+    wave = sp.build_wave(RECORDS[WEATHER_ID]["messages"], RECORDS[WEATHER_ID]["tools"], with_direct_call=True)
+    assert [s["query"] for s in row["slots"]] == [q.text for q in wave.queries]
+    assert row["block"] == wave.block
 
 
 def test_parallel_calls_see_the_calls_before_them():
     rid = "sealtools/train/12045"
-    rows = _rows(RECORDS[rid])
-    assert rows[f"{rid}#0/function_index"]["completion"] == "0"
-    assert rows[f"{rid}#1/function_index"]["completion"] == "1"
-    assert "call: " not in rows[f"{rid}#0/function_index"]["prompt"]
-    prior = [line for line in rows[f"{rid}#1/argument/book_hotel/city"]["prompt"].splitlines()
-             if line.startswith("call: ")]
+    first, second = _rows(RECORDS[rid])
+    index = {r["id"]: next(s["answer"] for s in r["slots"] if s["form"] == "function_index") for r in (first, second)}
+    assert index == {f"{rid}#0": "0", f"{rid}#1": "1"}
+    assert "call: " not in first["block"]
+    prior = [line for line in second["block"].splitlines() if line.startswith("call: ")]
     assert prior == [('call: {"name":"search_flights","arguments":{"cabin":"business","date":"2024-05-02",'
                       '"destination":"HND","origin":"BER","passengers":2}}')]
-    assert rows[f"{rid}#1/argument/book_hotel/amenities"]["completion"] == '["wifi"]'
-    assert rows[f"{rid}#1/argument/search_flights/origin"]["completion"] == "null"
-    assert rows[f"{rid}#0/argument/search_flights/passengers"]["completion"] == "2"
+    answer = {(s["function"], s["parameter"]): s["answer"] for s in second["slots"] if s["form"] == "argument"}
+    assert answer[("book_hotel", "amenities")] == '["wifi"]' and answer[("search_flights", "origin")] == "null"
 
 
-def test_null_cap_keeps_omitted_parameters_first_and_is_seeded():
+def test_null_cap_drops_only_uncalled_tool_slots_seeded_and_never_on_heldout():
     rec = RECORDS[WEATHER_ID]
-    capped = _rows(rec, dataclasses.replace(NO_CAP, max_null_per_record=1))
-    nulls = [i for i, r in capped.items() if r["completion"] == "null"]
-    assert nulls == [f"{WEATHER_ID}#0/argument/getCurrentWeather/lang"]
-    two = dataclasses.replace(NO_CAP, max_null_per_record=2)
-    assert _rows(rec, two) == _rows(rec, two)
-    picks = {tuple(sorted(_rows(rec, dataclasses.replace(two, seed=s)))) for s in range(8)}
-    assert len(picks) == 2  # one uncalled-function null out of two, chosen by the seed
-    _, dropped = expand_slots.record_rows(rec, two)
+    one = dataclasses.replace(NO_CAP, max_null_per_request=1)
+    (capped,) = _rows(rec, one)
+    uncalled = [s for s in capped["slots"] if s["form"] == "argument" and s["function"] != "getCurrentWeather"]
+    assert len(uncalled) == 1
+    assert [s["parameter"] for s in capped["slots"] if s["function"] == "getCurrentWeather"] == [
+        "lang", "location", "units"]                     # the called tool's omitted 'lang' stays
+    assert _rows(rec, one) == _rows(rec, one)
+    picks = {json.dumps(_rows(rec, dataclasses.replace(one, seed=s))[0]["slots"]) for s in range(8)}
+    assert len(picks) == 2
+    _, dropped = expand_slots.record_rows(rec, one, "train")
     assert dropped == 1
+    (held,) = _rows(rec, one, "heldout")
+    assert held == request_row(rec, 0)
 
 
 def test_split_by_hash_is_stable_and_near_the_fraction():
@@ -110,48 +98,41 @@ def test_stage_end_to_end_from_gold_teacher(tmp_path):
     teacher.run(teacher.TeacherParams(backend="gold"), FIXTURE, traces, metrics_path=None)
     normalize.run(normalize.NormalizeParams(), FIXTURE, traces, calls, tmp_path / "rejects.jsonl",
                   metrics_path=None, card_path=None)
-    params = expand_slots.ExpandSlotsParams(heldout_fraction=0.3, max_null_per_record=None)
+    params = expand_slots.ExpandSlotsParams(heldout_fraction=0.3, max_null_per_request=None)
     out = [tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"]
-    stats = expand_slots.run(params, calls, *out, metrics_path=tmp_path / "m.json",
-                             card_path=tmp_path / "slots.md", waves_path=tmp_path / "waves.jsonl")
-    train, heldout = (list(read_jsonl(p)) for p in out)
-    # one full wave per heldout request: the index query + every function x parameter, holding every
-    # heldout function_index / argument row's prompt
-    waves = {w["request"]: w["prompts"] for w in read_jsonl(tmp_path / "waves.jsonl")}
-    held_records = {rec_id: rec for rec_id, rec in RECORDS.items() if expand_slots.split_of(rec, 0.3) == "heldout"}
-    assert held_records and len(waves) == sum(len(rec["calls"]) for rec in held_records.values())
-    for rec_id, rec in held_records.items():
-        n = 1 + sum(len(t["function"]["parameters"]["properties"]) for t in rec["tools"])
-        assert all(len(waves[f"{rec_id}#{k}"]) == n for k in range(len(rec["calls"])))
-    for r in heldout:
-        if r["form"] != "direct_call":
-            assert r["prompt"] in waves[r["id"].split("/" + r["form"])[0]]
-    assert stats["heldout_waves"]["requests"] == len(waves)
-    assert "Heldout waves" in (tmp_path / "slots.md").read_text()
+    stats = expand_slots.run(params, calls, *out, tmp_path / "m.json", tmp_path / "slots.md")
+    train, heldout = (read_request_rows(p) for p in out)
+    assert train and heldout
     for rows in (train, heldout):
         assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
-        assert all(set(r) == {"id", "record_id", "form", "function", "parameter", "prompt", "completion"}
-                   for r in rows)
     assert not {r["record_id"] for r in train} & {r["record_id"] for r in heldout}
+    n_calls = sum(len(r["calls"]) for r in RECORDS.values())
+    assert len(train) + len(heldout) == n_calls == sum(stats["requests"].values())
     expected = sum(len(rec["calls"]) * (2 + sum(len(t["function"]["parameters"]["properties"])
                                                 for t in rec["tools"])) for rec in RECORDS.values())
-    assert len(train) + len(heldout) == expected
-    assert stats["rows"]["train"]["total"] == len(train) and stats["rows"]["heldout"]["total"] == len(heldout)
-    n_calls = sum(len(r["calls"]) for r in RECORDS.values())
-    assert sum(stats["rows"][s]["function_index"] for s in ("train", "heldout")) == n_calls
+    assert sum(len(r["slots"]) for r in train + heldout) == expected
+    assert stats["slots"]["train"]["total"] == sum(len(r["slots"]) for r in train)
     assert json.loads((tmp_path / "m.json").read_text())["params"]["heldout_fraction"] == 0.3
     card = (tmp_path / "slots.md").read_text()
-    assert f"| **total** | {len(train)} | {len(heldout)} | | |" in card
+    assert f"| requests (packed sequences) | {len(train)} | {len(heldout)} |" in card
     first = out[0].read_bytes()
-    expand_slots.run(params, calls, *out, metrics_path=None, card_path=None)
+    expand_slots.run(params, calls, *out, None, None)
     assert out[0].read_bytes() == first
 
 
 def test_forms_param_filters_and_validates():
-    rows = _rows(RECORDS[WEATHER_ID], dataclasses.replace(NO_CAP, forms=("direct_call",)))
-    assert [r["form"] for r in rows.values()] == ["direct_call"]
+    (row,) = _rows(RECORDS[WEATHER_ID], dataclasses.replace(NO_CAP, forms=("direct_call",)))
+    assert [s["form"] for s in row["slots"]] == ["direct_call"]
     with pytest.raises(ValueError, match="unknown or empty"):
         expand_slots.ExpandSlotsParams(forms=("argument_value",))
+
+
+def test_bad_request_rows_are_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "r1", "record_id": "r", "function": "f", "tools": [], "block": "b",
+                               "slots": [{"form": "argument", "query": "q"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: request row 'r1' slot 0 lacks"):
+        read_request_rows(bad)
 
 
 def test_cli_chain_reads_each_params_section(tmp_path):
@@ -159,7 +140,7 @@ def test_cli_chain_reads_each_params_section(tmp_path):
 
     params = tmp_path / "params.yaml"
     params.write_text("teacher: {backend: gold, limit: 5, seed: 1}\nnormalize: {require_gold_agreement: true}\n"
-                      "expand_slots: {heldout_fraction: 0.0, max_null_per_record: 0, forms: [argument]}\n")
+                      "expand_slots: {heldout_fraction: 0.0, max_null_per_request: 0, forms: [argument]}\n")
     t = tmp_path
     assert cli.main(["teacher", str(FIXTURE), str(t / "traces.jsonl"), "--params", str(params),
                      "--metrics", str(t / "teacher.json")]) == 0
@@ -167,13 +148,11 @@ def test_cli_chain_reads_each_params_section(tmp_path):
                      str(t / "rejects.jsonl"), "--params", str(params), "--metrics", str(t / "normalize.json"),
                      "--card", str(t / "normalize.md")]) == 0
     assert cli.main(["expand-slots", str(t / "calls.jsonl"), str(t / "train.jsonl"), str(t / "heldout.jsonl"),
-                     "--params", str(params), "--metrics", str(t / "slots.json"),
-                     "--card", str(t / "slots.md"), "--waves", str(t / "waves.jsonl")]) == 0
-    assert (t / "waves.jsonl").read_text() == ""  # heldout_fraction 0: no heldout request
-    rows = list(read_jsonl(t / "train.jsonl"))
+                     str(t / "slots.json"), str(t / "slots.md"), "--params", str(params)]) == 0
+    rows = read_request_rows(t / "train.jsonl")
     assert len({r["record_id"] for r in rows}) == 5 and (t / "heldout.jsonl").read_text() == ""
-    assert rows and all(r["form"] == "argument" and r["completion"] != "null" for r in rows)
+    assert all(s["form"] == "argument" and s["function"] == r["function"] for r in rows for s in r["slots"])
     params.write_text("expand_slots: {max_nulls: 3}\n")
     with pytest.raises(ValueError, match="unknown key"):
         cli.main(["expand-slots", str(t / "calls.jsonl"), str(t / "a.jsonl"), str(t / "b.jsonl"),
-                  "--params", str(params)])
+                  str(t / "m.json"), str(t / "c.md"), "--params", str(params)])

@@ -11,7 +11,10 @@ from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, ti
 
 from ooospec.pipelines import export_adapter as ex
 from ooospec.pipelines import train_sidecar as ts
+from ooospec.pipelines.packing import pack_rows
 from ooospec.pipelines.params import as_dict
+from ooospec.pipelines.recipe import recipe_from_dict, recipe_to_yaml
+from ooospec.pipelines.slot_rows import read_request_rows
 
 torch.set_num_threads(1)
 
@@ -21,31 +24,35 @@ def trained(tmp_path_factory):
     """A tiny sidecar trained 3 steps, saved the way train_sidecar.run saves it; plus its logits on a probe."""
     tmp = tmp_path_factory.mktemp("export")
     base = save_tiny_base(tmp / "base")
-    recipe = ts.recipe_from_dict(tiny_recipe_dict(base, max_steps=3, save_steps=100))
-    rows = ts.read_slot_rows(FIXTURE)
-    trainer = ts.build_trainer(tiny_llama(), byte_tokenizer(), rows, recipe, tmp / "ckpt", seed=0)
+    recipe = recipe_from_dict(tiny_recipe_dict(base, max_steps=3, save_steps=100))
+    rows = read_request_rows(FIXTURE)
+    seqs, _ = pack_rows(byte_tokenizer(), rows[:4], recipe.max_len)
+    trainer = ts.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp / "ckpt", seed=0)
     trainer.train()
     model_dir = tmp / "sidecar"
-    ts.save_adapter(trainer, byte_tokenizer(), model_dir / "adapter")
-    (model_dir / "recipe.yaml").write_text(ts.recipe_to_yaml(recipe))
+    ts.save_adapter(trainer, byte_tokenizer(), model_dir / "adapter", {"layout_version": 2, "base": str(base)})
+    (model_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
     (model_dir / "params.json").write_text(json.dumps({"train_sidecar": as_dict(ts.TrainSidecarParams())}))
     metrics = tmp / "metrics"
     metrics.mkdir()
     (metrics / "train_sidecar.json").write_text(json.dumps(
-        {"rows": {"trained": 17, "available": 17, "dropped_too_long": 0, "by_form": {"argument": 11}},
+        {"requests": {"trained": 4, "available": 9}, "slots": {"trained": 30, "dropped_too_long": 0,
+         "by_form": {"argument": 22}}, "sequences": 4, "tokens": 4000, "label_tokens": 300, "layout_version": 2,
          "steps": 3, "final_loss": 4.2, "train_seconds": 1.5, "device": "cpu", "threads": 1}))
     (metrics / "eval_sidecar.json").write_text(json.dumps(
-        {"rows": 17, "requests": 3, "function_index": {"accuracy": 0.5}, "argument": {"exact_match": 0.25,
-         "exact_match_non_null": 0.125}, "direct_call": {"exact_match": 0.0},
-         "null": {"precision": 0.75, "recall": 1.0}, "latency": {"threads": 1, "median_ms": 12.5,
-         "median_wave_rows": 4, "wave": "full"}, "baselines": {"function_index_always_0": 0.625,
-         "argument_always_null": 0.5}, "anchor": {"function_index_accuracy": 0.963, "argument_exact_match": 0.861}}))
-    probe = torch.tensor([list(rows[1]["prompt"].encode())[:64]])
+        {"requests": 3, "requests_available": 9, "dtype": "fp32", "function_index": {"accuracy": 0.5},
+         "argument": {"exact_match": 0.25, "exact_match_non_null": 0.125}, "direct_call": {"exact_match": 0.0},
+         "joined": {"exact_match": 0.2}, "null": {"precision": 0.75, "recall": 1.0},
+         "latency": {"threads": 1, "wave": {"median_ms": 12.5, "p90_ms": 20.0}, "median_queries": 4},
+         "baselines": {"function_index_always_0": 0.625, "argument_always_null": 0.5},
+         "anchor": {"function_index_accuracy": 0.963, "argument_exact_match": 0.861}}))
+    probe = torch.tensor([list((rows[1]["block"] + rows[1]["slots"][0]["query"]).encode())[:64]])
     model = trainer.model.to("cpu").eval()  # the trainer may have moved it to a GPU; compare on CPU
     with torch.no_grad():
         logits = model(input_ids=probe).logits
-    out = ex.run(ex.ExportAdapterParams(), model_dir, tmp / "export" / "sidecar-adapter", metrics)
-    return {"out": out, "base": base, "probe": probe, "logits": logits, "recipe": recipe}
+    out = ex.run(ex.ExportAdapterParams(weights_dtype="fp32"), model_dir, tmp / "export" / "sidecar-adapter", metrics)
+    half = ex.run(ex.ExportAdapterParams(), model_dir, tmp / "export" / "bf16", metrics)
+    return {"out": out, "half": half, "base": base, "probe": probe, "logits": logits, "recipe": recipe}
 
 
 def test_export_reloads_and_reproduces_the_trained_logits(trained):
@@ -64,14 +71,30 @@ def test_export_reloads_and_reproduces_the_trained_logits(trained):
     assert AutoTokenizer.from_pretrained(trained["out"]).eos_token == "</s>"
 
 
+def test_bf16_export_is_half_the_size_and_close(trained):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    weights = load_file(trained["half"] / "adapter_model.safetensors")
+    assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
+    full = (trained["out"] / "adapter_model.safetensors").stat().st_size
+    assert (trained["half"] / "adapter_model.safetensors").stat().st_size < full   # tiny: the header weighs a lot
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(trained["base"]), trained["half"]).eval()
+    with torch.no_grad():
+        logits = model(input_ids=trained["probe"]).logits
+    torch.testing.assert_close(logits, trained["logits"], rtol=0.05, atol=0.05)
+
+
 def test_folder_is_a_hub_model_repo(trained):
     out = trained["out"]
     for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "README.md",
-                 "recipe.yaml", "params.json"):
+                 "recipe.yaml", "params.json", "sidecar.json"):
         assert (out / name).is_file(), name
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert cfg["base_model_name_or_path"] == "tiny/llama-test" and cfg["r"] == 4
-    assert ts.recipe_from_dict(yaml.safe_load((out / "recipe.yaml").read_text())) == trained["recipe"]
+    assert recipe_from_dict(yaml.safe_load((out / "recipe.yaml").read_text())) == trained["recipe"]
+    assert json.loads((out / "sidecar.json").read_text())["layout_version"] == 2
     params = json.loads((out / "params.json").read_text())
     assert set(params) == {"train_sidecar", "export_adapter"}
 
@@ -82,10 +105,11 @@ def test_model_card_front_matter_and_sections(trained):
     front = yaml.safe_load(text.split("---\n")[1])
     assert front["base_model"] == "tiny/llama-test" and front["library_name"] == "peft"
     assert front["license"] == "apache-2.0" and "lora" in front["tags"]
-    for needle in ("PeftModel.from_pretrained", "CC-BY-4.0", "xLAM", "Apache-2.0", "| rows trained | 17 |",
+    for needle in ("PeftModel.from_pretrained", "CC-BY-4.0", "xLAM", "Apache-2.0", "| requests trained | 4 |",
                    "| function-index accuracy | 50.0% | 62.5% (always 0) | 96.3% |",
                    "| argument exact match | 25.0% | 50.0% (always null) | 86.1% |",
-                   "1 thread, the runtime's full wave) | 12.5 ms", "lora_r: 4"):
+                   "| joined call exact match (the hint) | 20.0% |", "Sidecar.from_adapter",
+                   "1 thread(s), fp32) | 12.5 / 20.0 ms (4 queries per wave)", "lora_r: 4", "prompt layout\n2"):
         assert needle in text, needle
 
 

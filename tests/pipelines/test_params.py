@@ -29,3 +29,20 @@ def test_committed_params_sections_load():
     path = Path(__file__).parents[2] / "params.yaml"
     assert P.load_section(IngestParams, "ingest", path).source == "../shared/datasets"
     P.load_section(DedupeParams, "dedupe", path)
+
+
+@dataclass(frozen=True)
+class Typed:
+    n: int = 1
+    cap: int | None = None
+    flag: bool = False
+    name: str = "x"
+
+
+@pytest.mark.parametrize("bad, match", [({"n": "8"}, "toy.n must be an integer"), ({"n": True}, "integer"),
+                                        ({"cap": "3"}, "toy.cap"), ({"flag": "yes"}, "true/false"),
+                                        ({"name": 3}, "string"), ({"n": 1.5}, "integer")])
+def test_coercion_is_strict_and_names_the_key(bad, match):
+    with pytest.raises(ValueError, match=match):
+        P.from_dict(Typed, bad, "toy")
+    assert P.from_dict(Typed, {"cap": None, "n": 2}, "toy") == Typed(n=2)

@@ -170,7 +170,7 @@ TF = teacher.TeacherParams(backend="transformers", model="tiny", max_new_tokens=
 def test_transformers_backend_decodes_greedily_with_token_counts(patched_load_target, tiny_target, tmp_path):
     _, tok = tiny_target
     out, stats = _run(TF, tmp_path)
-    assert patched_load_target == [("tiny", "fp32", None)]
+    assert patched_load_target == [("tiny", "auto", None)]
     rows = list(read_jsonl(out))
     by_id = {r["id"]: r for r in RECORDS}
     fmt = formats.get_format("hermes")

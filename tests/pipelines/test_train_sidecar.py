@@ -1,4 +1,4 @@
-"""train_sidecar on a tiny in-code Llama + byte tokenizer: LoRA moves, completion-only labels, checkpoints, resume."""
+"""train_sidecar on a tiny in-code Llama + byte tokenizer: LoRA moves, packed labels, checkpoints, resume."""
 
 from __future__ import annotations
 
@@ -10,22 +10,27 @@ from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
 from ooospec.pipelines import train_sidecar as ts
+from ooospec.pipelines.packing import IGNORE, pack_rows
+from ooospec.pipelines.recipe import load_recipe, recipe_from_dict
+from ooospec.pipelines.slot_rows import read_request_rows
+from ooospec.runtime import sidecar_prompts as sp
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return ts.read_slot_rows(FIXTURE)
+    return read_request_rows(FIXTURE)
 
 
 def _trainer(tmp_path, rows, **overrides):
-    recipe = ts.recipe_from_dict(tiny_recipe_dict(tmp_path / "unused", **overrides))
-    return ts.build_trainer(tiny_llama(), byte_tokenizer(), rows, recipe, tmp_path / "ckpt", seed=0)
+    recipe = recipe_from_dict(tiny_recipe_dict(tmp_path / "unused", **overrides))
+    seqs, _ = pack_rows(byte_tokenizer(), rows, recipe.max_len)
+    return ts.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp_path / "ckpt", seed=0)
 
 
 def test_lora_moves_trainable_weights_and_nothing_else(tmp_path, rows):
-    trainer = _trainer(tmp_path, rows, max_steps=3, save_steps=100)
+    trainer = _trainer(tmp_path, rows[:4], max_steps=3, save_steps=100)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -38,42 +43,40 @@ def test_lora_moves_trainable_weights_and_nothing_else(tmp_path, rows):
             assert torch.equal(old, after[name].detach()), f"frozen weight {name} changed"
 
 
-def test_labels_cover_exactly_the_completion_and_eos(tmp_path, rows):
+def test_labels_cover_exactly_the_answers_and_eos(tmp_path, rows):
     trainer = _trainer(tmp_path, rows, max_steps=1)
     tok = byte_tokenizer()
     ds = trainer.train_dataset
-    assert len(ds) == len(rows)
+    assert len(ds) == len(rows)           # the fixture's requests all fit max_len: one sequence each
     for i, row in enumerate(rows):
         ids, labels = ds[i]["input_ids"], ds[i]["labels"]
-        n_prompt = len(tok(row["prompt"], add_special_tokens=False)["input_ids"])
-        assert labels[:n_prompt] == [-100] * n_prompt, row["id"]
-        assert labels[n_prompt:] == ids[n_prompt:], row["id"]
-        assert tok.decode(ids[n_prompt:]) == row["completion"] + tok.eos_token, row["id"]
-    # the collator pads with -100 and keeps the masking
+        labelled = tok.decode([t for t, lab in zip(ids, labels) if lab != IGNORE])
+        assert labelled == "".join(s["answer"] + tok.eos_token for s in row["slots"]), row["id"]
+        assert tok.decode(ids[: len(row["block"].encode())]) == row["block"]
     batch = trainer.data_collator([ds[0], ds[4]])
-    lens = [len(ds[0]["input_ids"]), len(ds[4]["input_ids"])]
-    for b, n in enumerate(lens):
-        assert batch["labels"][b, n:].eq(-100).all()
-        assert batch["labels"][b, :n].tolist() == ds[[0, 4][b]]["labels"]
+    assert batch["attention_mask"].shape[:2] == (2, 1) and batch["position_ids"].shape == batch["input_ids"].shape
+    assert batch["shift_labels"].numel() == sum(sum(x != IGNORE for x in ds[j]["labels"]) for j in (0, 4))
 
 
 def test_run_writes_adapter_metrics_and_resume_reproduces_the_uninterrupted_run(tmp_path, rows):
     base = save_tiny_base(tmp_path / "base")
-    recipe = ts.recipe_from_dict(tiny_recipe_dict(base, max_steps=4, save_steps=2))
-    params = ts.TrainSidecarParams(recipe="<tiny>", max_train_rows=12, seed=3, threads=1, resume=True)
+    recipe = recipe_from_dict(tiny_recipe_dict(base, max_steps=4, save_steps=2, per_device_train_batch_size=2))
+    params = ts.TrainSidecarParams(recipe="<tiny>", max_train_requests=8, seed=3, threads=1, resume=True)
     out, metrics_path = tmp_path / "sidecar", tmp_path / "metrics" / "train_sidecar.json"
 
     m1 = ts.run(params, FIXTURE, out, metrics_path, recipe=recipe)
     assert json.loads(metrics_path.read_text()) == m1
     assert m1["steps"] == 4 and m1["resumed_from"] is None and m1["steps_this_run"] == 4
     assert m1["train_loss"] > 0
-    assert m1["rows"]["selected"] == 12 and m1["rows"]["trained"] == 12
-    assert sum(m1["rows"]["by_form"].values()) == 12
+    assert m1["requests"] == {"available": 9, "trained": 8} and m1["sequences"] == 8
+    assert sum(m1["slots"]["by_form"].values()) == m1["slots"]["trained"] > 8
     assert [p["step"] for p in m1["loss_curve"]] == [1, 2, 3, 4]
-    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json"):
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "sidecar.json"):
         assert (out / "adapter" / name).is_file(), name
-    assert ts.load_recipe(out / "recipe.yaml") == recipe
-    assert json.loads((out / "params.json").read_text())["train_sidecar"]["max_train_rows"] == 12
+    meta = json.loads((out / "adapter" / "sidecar.json").read_text())
+    assert meta["layout_version"] == sp.LAYOUT_VERSION and meta["base"] == str(base)
+    assert load_recipe(out / "recipe.yaml") == recipe
+    assert json.loads((out / "params.json").read_text())["train_sidecar"]["max_train_requests"] == 8
     w_full = load_file(out / "adapter" / "adapter_model.safetensors")
 
     # simulate a crash after step 2: the step-4 checkpoint never got written
@@ -107,31 +110,24 @@ def test_checkpoints_of_another_run_are_not_resumed(tmp_path):
     assert ts.prepare_checkpoints(ckpt, "fp-b", resume=False) is None
 
 
-def test_select_rows_is_seeded_order_free_and_prefix_stable(rows):
-    a = ts.select_rows(rows, 5, seed=1)
-    assert [r["id"] for r in a] == [r["id"] for r in ts.select_rows(rows[::-1], 5, seed=1)]
-    assert [r["id"] for r in ts.select_rows(rows, 8, seed=1)][:5] == [r["id"] for r in a]
-    assert {r["id"] for r in ts.select_rows(rows, 5, seed=2)} != {r["id"] for r in a}
-    assert len(ts.select_rows(rows, 0, seed=1)) == len(rows)
-    with pytest.raises(ValueError, match="max_train_rows"):
-        ts.select_rows(rows, -1, seed=0)
+def test_select_requests_is_seeded_order_free_and_prefix_stable(rows):
+    a = ts.select_requests(rows, 5, seed=1)
+    assert [r["id"] for r in a] == [r["id"] for r in ts.select_requests(rows[::-1], 5, seed=1)]
+    assert [r["id"] for r in ts.select_requests(rows, 8, seed=1)][:5] == [r["id"] for r in a]
+    assert {r["id"] for r in ts.select_requests(rows, 5, seed=2)} != {r["id"] for r in a}
+    assert len(ts.select_requests(rows, 0, seed=1)) == len(rows)
+    with pytest.raises(ValueError, match="max_train_requests"):
+        ts.select_requests(rows, -1, seed=0)
 
 
-def test_split_by_length_drops_rows_over_max_len(rows):
-    tok = byte_tokenizer()
-    lengths = {r["id"]: len((r["prompt"] + r["completion"]).encode()) + 1 for r in rows}
-    cut = sorted(lengths.values())[len(rows) // 2]
-    kept, too_long = ts.split_by_length(rows, tok, cut)
-    assert {r["id"] for r in kept} == {i for i, n in lengths.items() if n <= cut}
-    assert {r["id"] for r in too_long} == {i for i, n in lengths.items() if n > cut}
-
-
-def test_bad_rows_are_named(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"id": "r1", "record_id": "r", "form": "argument", "function": "f",
-                               "parameter": "p", "prompt": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: slot row 'r1' lacks \['completion'\]"):
-        ts.read_slot_rows(bad)
+def test_autocast_follows_the_recipe_and_the_hardware(monkeypatch, tmp_path):
+    recipe = recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="none"))
+    assert ts.resolve_autocast(recipe, 1) == (False, "recipe: autocast none")
+    assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="bf16")), 1)[0] is True
+    from ooospec.runtime import hardware
+    monkeypatch.setattr(hardware, "resolve_dtype", lambda *a, **k: ("fp32", "no native bf16"))
+    assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="auto")), 1) == (
+        False, "no native bf16")
 
 
 def test_wandb_is_offline_unless_the_user_chose(monkeypatch, tmp_path):

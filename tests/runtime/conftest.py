@@ -21,6 +21,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from ooospec.runtime import engine
+from ooospec.runtime.cost_model import ForwardCost
+
 VOCAB = 300
 SLIDING_WINDOW = 6
 _COMMON = {
@@ -48,6 +51,18 @@ def tiny_model(family: str, dtype: torch.dtype = torch.float64, **overrides):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+# The forward cost engines plan with in these tests (unless a test passes its own): a fixed curve like fp32 on AVX2,
+# where a 16-node tree costs 2.5 one-token steps, instead of a timing of the tiny model, so the trees the budget
+# policy picks (and the tests that count forwards) do not depend on the machine or its load.
+# tests/runtime/test_cost_model.py measures real curves.
+AVX2_FP32_COST = ForwardCost((1, 2, 4, 8, 16, 32, 64), (1.0, 1.08, 1.2, 1.5, 2.5, 4.5, 8.5))
+
+
+@pytest.fixture(autouse=True)
+def _fixed_forward_cost(monkeypatch):
+    monkeypatch.setattr(engine, "forward_cost", lambda model: AVX2_FP32_COST)
 
 
 @pytest.fixture(autouse=True, scope="session")

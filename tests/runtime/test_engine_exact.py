@@ -9,13 +9,17 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from ooospec.runtime.budget import AcceptanceStats
+from ooospec.runtime.cost_model import ForwardCost
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.kv_cache import KVCache, attention_windows
 from ooospec.runtime.methods import METHODS, make_engine
 from ooospec.runtime.metrics import acceptance_rate, classify_mismatch, mean_accepted_tokens
 from ooospec.runtime.tree import build_tree
+from tests.runtime.conftest import _COMMON, AVX2_FP32_COST
 
 VOCAB = 300
 
@@ -111,6 +115,83 @@ def test_spec_equals_greedy(family, make_model, hf_greedy, prompt, kind, seed, m
     assert result.tokens == _ar(model, prompt, max_new_tokens).tokens
     assert sum(s.new_tokens for s in result.steps) == max_new_tokens == len(result.tokens)
     assert all(s.tree_size <= max_draft_nodes + 1 for s in result.steps)
+
+
+# Forward-cost curves the budget policy is tested under: free verification (GPU-like), fp32 on AVX2 (a 16-node
+# tree costs ~2.5 steps; the default of these tests, see conftest.py), and verification so expensive that a node
+# must be likely to pay for half a step.
+COSTS = {
+    "free": ForwardCost.linear(0.0),
+    "avx2_fp32": AVX2_FP32_COST,
+    "steep": ForwardCost.linear(0.5),
+}
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=3),
+    cost=st.sampled_from(sorted(COSTS)),
+    seed=st.integers(0, 10**6),
+    max_new_tokens=st.integers(1, 20),
+)
+def test_budget_policy_keeps_exactness_under_adversarial_drafters(family, make_model, hf_greedy, prompt, kinds,
+                                                                 cost, seed, max_new_tokens):
+    """The policy decides only which nodes are verified: several adversarial drafters at once, one shared
+    acceptance tracker across two requests, any cost curve -> the greedy output."""
+    model = make_model(family)
+    expected = hf_greedy(model, prompt, max_new_tokens + 8)
+    reference = prompt + expected
+    drafters = [adversarial_drafter(kind, reference, seed + i) for i, kind in enumerate(kinds)]
+    stats = AcceptanceStats()
+    for _ in range(2):
+        engine = make_engine(model, drafters, cost=COSTS[cost], acceptance=stats, max_draft_nodes=24)
+        result = engine.generate(prompt, max_new_tokens)
+        assert result.tokens == expected[:max_new_tokens]
+        assert all(s.tree_size <= 25 and s.tree_size - 1 <= s.proposed_nodes for s in result.steps)
+
+
+def test_budget_policy_starves_a_useless_drafter(make_model):
+    """Random drafts under an expensive verification: after a few failures the steps are one-token forwards."""
+    model = make_model("llama")
+    prompt = _prompt(5, 8)
+    reference = prompt + _ar(model, prompt, 60).tokens
+    for cost in ("avx2_fp32", "steep"):
+        result = make_engine(model, [adversarial_drafter("random", reference, 1)],
+                             cost=COSTS[cost]).generate(prompt, 50)
+        assert result.tokens == reference[8:58]
+        sizes = [s.tree_size for s in result.steps]
+        assert sum(size - 1 for size in sizes) <= 50 and set(sizes[20:]) == {1}, (cost, sizes)
+        assert all(s.proposed_nodes > 0 for s in result.steps)        # it kept proposing; the policy said no
+
+
+def test_budget_policy_widens_with_the_cost_curve(make_model):
+    """The same mixed drafters: a free forward verifies more nodes per step than an expensive one, and an oracle
+    is trusted deep under either."""
+    model = make_model("qwen2")
+    prompt = _prompt(11, 10)
+    reference = prompt + _ar(model, prompt, 60).tokens
+    mean_tree = {}
+    for name in ("free", "steep"):
+        drafters = [adversarial_drafter("oracle", reference, 0, depth=6), adversarial_drafter("random", reference, 2)]
+        result = make_engine(model, drafters, cost=COSTS[name]).generate(prompt, 42)
+        assert result.tokens == reference[10:52]
+        assert result.n_forwards <= 42 / 3                              # the oracle's chains are verified whole
+        mean_tree[name] = sum(s.tree_size for s in result.steps) / result.n_forwards
+    assert mean_tree["free"] > mean_tree["steep"] + 1
+
+
+def test_fixed_policy_fills_the_budget(make_model):
+    model = make_model("llama")
+    prompt = _prompt(5, 8)
+    reference = prompt + _ar(model, prompt, 40).tokens
+    result = make_engine(model, [adversarial_drafter("random", reference, 1)], policy="fixed",
+                         max_draft_nodes=4).generate(prompt, 20)
+    assert result.tokens == reference[8:28]
+    assert max(s.tree_size for s in result.steps) == 5 and result.n_forwards >= 19
+    with pytest.raises(ValueError, match="policy must be"):
+        make_engine(model, [], policy="greedy")
 
 
 def test_oracle_accepts_whole_path(family, make_model):
@@ -247,13 +328,36 @@ def test_pld_union_and_float32_exact(family, make_model, hf_greedy):
         assert result.n_forwards < 32
 
 
-def test_bf16_mismatches_are_classified(make_model):
-    """bf16 without the tie guard may diverge only at near-ties; the report says where and how close."""
-    model = make_model("llama", torch.bfloat16)
-    for seed in range(4):
+class RoundingLikeLlama(LlamaForCausalLM):
+    """A Llama whose multi-token forwards are off by up to ``amp`` per logit, as a bf16 tree forward can be off
+    from a one-token forward (a fixed pseudo-random pattern, so every run is the same on every machine)."""
+
+    amp = 0.01
+
+    def forward(self, input_ids=None, **kwargs):
+        out = super().forward(input_ids=input_ids, **kwargs)
+        if input_ids.shape[1] > 1:
+            q, v = out.logits.shape[1:]
+            out.logits = out.logits + self.amp * torch.sin(torch.arange(q * v, dtype=out.logits.dtype) * 12.9898
+                                                           ).reshape(q, v)
+        return out
+
+
+def test_rounding_mismatches_are_near_ties_and_the_tie_guard_removes_them():
+    """Without the tie guard, a low-precision tree forward may flip the argmax where the top-2 margin is within
+    its error: such divergences happen here (this model is built to produce them) and every one is classified a
+    near-tie. With ``tie_margin`` covering the error the output equals plain greedy decoding again."""
+    torch.manual_seed(0)
+    model = RoundingLikeLlama(LlamaConfig(**_COMMON)).eval()
+    tol = 2 * model.amp                                  # two logits each off by <= amp: a flip needs margin < tol
+    kinds = []
+    for seed in range(6):
         prompt = _prompt(30 + seed, 12) * 2
         ar = _ar(model, prompt, 24, record_margins=True)
         assert len(ar.margins) == 24
-        spec = METHODS["pld"](model, tie_margin=0.0).generate(prompt, 24)
-        mismatch = classify_mismatch(ar.tokens, spec.tokens, ar.margins, tol=1e-2)
-        assert mismatch is None or mismatch["kind"] == "near_tie", mismatch
+        unguarded = METHODS["pld"](model, tie_margin=0.0).generate(prompt, 24)
+        mismatch = classify_mismatch(ar.tokens, unguarded.tokens, ar.margins, tol=tol)
+        if mismatch is not None:
+            kinds.append(mismatch["kind"])
+        assert METHODS["pld"](model, tie_margin=tol).generate(prompt, 24).tokens == ar.tokens
+    assert kinds and set(kinds) == {"near_tie"}, kinds

@@ -17,39 +17,51 @@ TOOLS = [WEATHER, TIME]
 MESSAGES = [{"role": "user", "content": "Weather in Paris,\n in celsius?"}]
 
 
-def test_argument_prompt_is_the_documented_example():
-    assert sp.argument_prompt(MESSAGES, WEATHER, "unit") == (
-        "Task: argument\n"
-        "Conversation:\n"
-        "user: Weather in Paris, in celsius?\n"
-        "Function:\n"
-        "get_weather - Current weather for a city.\n"
-        "  city (string, required): City name.\n"
-        '  unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.\n'
-        "Parameter: unit\n"
-        'Answer: the JSON value of "unit" if get_weather is called next, else null.\n')
-    assert sp.__doc__ is not None and "Task: argument" in sp.__doc__
+BLOCK = ("Conversation:\n"
+         "user: Weather in Paris, in celsius?\n"
+         "Tools:\n"
+         "[0] get_weather - Current weather for a city.\n"
+         "  city (string, required): City name.\n"
+         '  unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.\n'
+         "[1] get_time - Current time in a time zone.\n"
+         "  tz (string, required)\n")
 
 
-def test_function_index_and_direct_call_prompts_list_tools_in_request_order():
-    tail = ("Tools:\n"
-            '[0] get_weather(city: string, unit?: "celsius"|"fahrenheit") - Current weather for a city.\n'
-            "[1] get_time(tz: string) - Current time in a time zone.\n")
-    fi = sp.function_index_prompt(MESSAGES, TOOLS)
-    dc = sp.direct_call_prompt(MESSAGES, TOOLS)
-    assert fi.startswith("Task: function_index\n") and dc.startswith("Task: direct_call\n")
-    assert fi.endswith(tail + "Answer: the index of the tool to call next, as JSON.\n")
-    assert tail in dc
-    assert sp.function_index_prompt(MESSAGES, TOOLS[::-1]) != fi
+def test_wave_is_the_documented_example():
+    wave = sp.build_wave(MESSAGES, TOOLS, with_direct_call=True)
+    assert wave.block == BLOCK
+    assert [(q.form, q.function, q.parameter, q.text) for q in wave.queries] == [
+        ("function_index", None, None, "Query: tool index\n"),
+        ("argument", "get_weather", "city", "Query: get_weather.city\n"),
+        ("argument", "get_weather", "unit", "Query: get_weather.unit\n"),
+        ("argument", "get_time", "tz", "Query: get_time.tz\n"),
+        ("direct_call", None, None, "Query: call\n")]
+    assert wave.prompts()[1] == BLOCK + "Query: get_weather.city\n"
+    doc = sp.__doc__
+    assert doc is not None and "[0] get_weather - Current weather for a city." in doc and "Query: tool index" in doc
+    call = {"name": "get_weather", "arguments": {"unit": "celsius", "city": "Paris"}}
+    assert sp.gold_answers(wave.queries, TOOLS, call) == [
+        "0", '"Paris"', '"celsius"', "null", '{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}']
+    with pytest.raises(ValueError, match="not one of the tools"):
+        sp.gold_answers(wave.queries, TOOLS, {"name": "nope", "arguments": {}})
 
 
-def test_completions_are_compact_json_in_schema_order():
+def test_block_is_shared_and_depends_on_tool_order():
+    a = sp.build_wave(MESSAGES, TOOLS)
+    assert len({p[: len(a.block)] for p in a.prompts()}) == 1
+    assert sp.build_wave(MESSAGES, TOOLS[::-1]).block != a.block
+    assert sp.build_wave(MESSAGES, TOOLS, with_direct_call=False).queries[-1].form == "argument"
+
+
+def test_answers_are_compact_json_in_schema_order():
     call = {"name": "get_weather", "arguments": {"unit": "celsius", "city": "Paris", "x": 1}}
-    assert sp.direct_call_completion(call, WEATHER) == \
+    assert sp.direct_call_answer(call, WEATHER) == \
         '{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius","x":1}}'
-    assert sp.argument_completion(None) == "null"
-    assert sp.argument_completion(["Zürich", 2.5]) == '["Zürich",2.5]'
-    assert sp.function_index_completion(3) == "3"
+    assert sp.argument_answer(None) == "null"
+    assert sp.argument_answer(["Zürich", 2.5]) == '["Zürich",2.5]'
+    assert sp.function_index_answer(3) == "3"
+    with pytest.raises(ValueError):
+        sp.argument_answer(float("nan"))
 
 
 def test_type_view():
@@ -73,17 +85,19 @@ def test_context_view_keeps_newest_messages_and_prior_calls():
     assert len(huge) == sp.MAX_CONTEXT_CHARS and huge.startswith("...") and huge.endswith("b")
 
 
-def test_argument_prompt_rejects_unknown_parameter():
+def test_argument_query_rejects_unknown_parameter():
     with pytest.raises(ValueError, match="no parameter 'units'"):
-        sp.argument_prompt(MESSAGES, WEATHER, "units")
+        sp.argument_query(WEATHER, "units")
 
 
-def test_slot_queries_cover_every_function_parameter_once():
-    qs = sp.slot_queries(MESSAGES, TOOLS)
-    assert [(q.form, q.function, q.parameter) for q in qs] == [
-        ("function_index", None, None), ("argument", "get_weather", "city"),
-        ("argument", "get_weather", "unit"), ("argument", "get_time", "tz")]
-    assert qs[2].prompt == sp.argument_prompt(MESSAGES, WEATHER, "unit")
+def test_malformed_tools_and_messages_never_crash_the_builder():
+    odd = [{"type": "function", "function": {"name": "n", "parameters": {"properties": {"a": True, "b": {
+        "type": ["string", "null"]}}, "required": None}}},
+           {"function": {"description": "no name"}}, "not a tool"]
+    wave = sp.build_wave([{"role": "user"}, {"role": "user", "content": None}, {"content": [{"t": 1}]}], odd)
+    assert [q.parameter for q in wave.queries if q.form == "argument"] == ["a", "b"]
+    assert "  a (any, optional)" in wave.block and "  b (string|null, optional)" in wave.block
+    assert "[2] ?" in wave.block
 
 
 @pytest.mark.parametrize("text,value", [("1", 1), (" 0<|im_end|>garbage", 0), ("2\n3", 2)])
@@ -116,3 +130,13 @@ def test_join_slots_drops_null_and_unparseable_answers():
     assert sp.join_slots(TOOLS, "0", answers)["arguments"] == {"city": "Paris"}
     assert sp.join_slots(TOOLS, "1", answers) == {"name": "get_time", "arguments": {"tz": "UTC"}}
     assert sp.join_slots(TOOLS, "7", answers) is None
+
+
+def test_join_slots_validates_values_against_the_schema_and_rejects_nan():
+    answers = {("get_weather", "city"): "3", ("get_weather", "unit"): '"kelvin"'}
+    assert sp.join_slots(TOOLS, "0", answers) == {"name": "get_weather", "arguments": {}}
+    assert sp.join_slots(TOOLS, "0", {("get_weather", "city"): "NaN"})["arguments"] == {}
+    with pytest.raises(ValueError, match="deeper"):
+        sp.parse_argument_value("[" * 100_000)
+    direct = '{"name":"get_time","arguments":{"tz":"UTC","bogus":1}}'
+    assert sp.join_slots(TOOLS, "1", {}, direct)["direct_call"] == {"name": "get_time", "arguments": {"tz": "UTC"}}

@@ -1,0 +1,49 @@
+"""The benchmark's method API: what one method is given and what it returns for one prompt.
+
+A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult``: engine methods (``ar``, ``pld``,
+``toolspec``, built in :mod:`ooospec.eval.bench`) and the HF ``generate`` peers (:mod:`ooospec.eval.peers`) both
+return a :class:`MethodResult`, so the harness treats them alike. This module imports nothing from ``ooospec``,
+so both sides can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class MethodResult:
+    """What one method returns for one prompt."""
+
+    tokens: list[int]                   # generated tokens, cut at the stop rule (EOS included when it stopped there)
+    prefill_s: float
+    decode_s: float
+    n_forwards: int                     # target forwards that produced output tokens (prefill-only forwards excluded)
+    tree_sizes: list[int]               # [n_forwards] query nodes of each forward, root included (1 = plain step)
+    stop_reason: str                    # "eos" | "stop" | "max_new_tokens"
+    accepted: list[int] | None = None   # [n_forwards] accepted draft tokens (bonus excluded), when the method knows
+    proposed: list[int] | None = None   # [n_forwards] draft nodes proposed before the tree policy chose, when known
+    margins: list[float] | None = None  # [len(tokens)] top-2 logit margin behind each token (AR only)
+    overshoot: int = 0                  # tokens generated past the stop rule and cut off (HF assisted decoding)
+    draft_s: float | None = None        # seconds spent drafting (inside decode_s), when the method knows
+    note: str = ""
+    hints: dict | None = None           # sidecar / gold hint instrumentation of this request (ooospec methods)
+
+
+@dataclass
+class BenchContext:
+    """Everything a method may use besides the prompt ids. ``record`` changes per example."""
+
+    model: Any
+    tokenizer: Any
+    fmt: Any                            # a runtime.formats module
+    eos_token_ids: list[int]
+    max_new_tokens: int
+    stop: Callable[[Sequence[int]], bool]
+    record: dict = field(default_factory=dict)
+
+
+MethodFn = Callable[[list[int], BenchContext], MethodResult]
+MethodFactory = Callable[[], MethodFn]

@@ -1,0 +1,74 @@
+"""The request-row format of ``data/slots/*.jsonl``: building rows from records, and reading them back.
+
+One row per request (the k-th call of a record)::
+
+    {"id": "<record_id>#<k>", "record_id", "function": <called name>, "tools": [the record's tools],
+     "block": "Conversation:\\n...Tools:\\n...",
+     "slots": [{"form", "function", "parameter", "query", "answer"}, ...]}      # wave order, answers = gold
+
+``expand_slots`` writes them, ``train_sidecar`` packs them, ``eval_sidecar`` answers them -- and turns any
+benchmark's records into rows with :func:`request_rows` for zero-shot evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ooospec.pipelines.records import read_jsonl
+from ooospec.runtime import sidecar_prompts as sp
+
+ROW_KEYS = ("id", "record_id", "function", "tools", "block", "slots")
+SLOT_KEYS = ("form", "function", "parameter", "query", "answer")
+
+
+def request_row(record: dict, k: int) -> dict:
+    """The k-th call of ``record`` as one request row with EVERY slot (index, all tool x parameter, call)."""
+    rid, tools, call = record["id"], record["tools"], record["calls"][k]
+    wave = sp.build_wave(record["messages"], tools, record["calls"][:k], with_direct_call=True)
+    try:
+        answers = sp.gold_answers(wave.queries, tools, call)
+    except ValueError as e:
+        raise ValueError(f"record {rid!r}, call {k}: {e}") from None
+    slots = [{"form": q.form, "function": q.function, "parameter": q.parameter, "query": q.text, "answer": a}
+             for q, a in zip(wave.queries, answers)]
+    return {"id": f"{rid}#{k}", "record_id": rid, "function": call["name"], "tools": tools, "block": wave.block,
+            "slots": slots}
+
+
+def request_rows(record: dict) -> list[dict]:
+    """One row per call of ``record``."""
+    return [request_row(record, k) for k in range(len(record["calls"]))]
+
+
+def read_request_rows(path: str | os.PathLike) -> list[dict]:
+    """Read request rows; a malformed row raises ValueError naming the file, line and field."""
+    rows = []
+    for i, row in enumerate(read_jsonl(Path(path)), 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i}: a request row must be a JSON object, got {type(row).__name__}")
+        missing = [k for k in ROW_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{i}: request row {row.get('id')!r} lacks {missing}")
+        if not isinstance(row["block"], str) or not isinstance(row["slots"], list) or not row["slots"]:
+            raise ValueError(f"{path}:{i}: request row {row['id']!r}: block must be a string and slots a "
+                             "non-empty list")
+        for j, slot in enumerate(row["slots"]):
+            bad = [k for k in SLOT_KEYS if k not in slot] if isinstance(slot, dict) else list(SLOT_KEYS)
+            if bad:
+                raise ValueError(f"{path}:{i}: request row {row['id']!r} slot {j} lacks {bad}")
+            if slot["form"] not in sp.FORMS:
+                raise ValueError(f"{path}:{i}: request row {row['id']!r} slot {j} has form {slot['form']!r}, "
+                                 f"expected one of {sp.FORMS}")
+            if not isinstance(slot["query"], str) or not isinstance(slot["answer"], str):
+                raise ValueError(f"{path}:{i}: request row {row['id']!r} slot {j}: query and answer must be "
+                                 "strings")
+        rows.append(row)
+    return rows
+
+
+def row_wave(row: dict, forms: tuple[str, ...] = sp.FORMS) -> tuple[sp.Wave, list[dict]]:
+    """The row's block and its slots of ``forms`` as a wave, and those slots (same order)."""
+    slots = [s for s in row["slots"] if s["form"] in forms]
+    queries = tuple(sp.SlotQuery(s["form"], s.get("function"), s.get("parameter"), s["query"]) for s in slots)
+    return sp.Wave(row["block"], queries), slots

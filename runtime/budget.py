@@ -1,0 +1,274 @@
+"""The budget policy: which draft nodes to verify, chosen for expected committed tokens per second.
+
+Every step, each drafter's candidates become :class:`Proposal` s (drafter name, rank, tokens) and are merged into
+one prefix tree with no budget (:func:`candidate_tree`). Each node gets the probability that greedy verification
+accepts it (:func:`node_probabilities`), from online acceptance estimates (:class:`AcceptanceStats`). The tree
+that is verified is the ``k`` most probable nodes, with ``k`` chosen to maximize the expected committed tokens
+per second of forward time (:func:`choose_nodes`)::
+
+    rate(0) = 1 / T(1)
+    rate(k) = (1 - p_tie) * (1 + sum of the k largest node probabilities) / T(1 + k)
+
+where the 1 is the bonus token every step commits, ``T`` is the measured forward cost
+(:mod:`ooospec.runtime.cost_model`) and ``p_tie`` the observed rate of tree steps that stopped at a near-tie at
+the root and committed nothing (bf16/fp16 only, :mod:`ooospec.runtime.verify`; a root-only step never stops).
+``k = 0`` is plain one-token decoding, so a step is only widened when the estimates say it pays: cheap trees where
+verification is expensive (fp32 on AVX2), wide ones where it is nearly free (bf16 with AMX, GPUs), and no nodes at
+all for a drafter whose drafts are rarely accepted. A node is never
+more probable than its parent, so the top-``k`` nodes always form a tree. Which nodes are verified changes only
+speed: acceptance stays greedy (:mod:`ooospec.runtime.verify`), the output is the target's greedy output.
+
+Acceptance model. A proposal of drafter ``d`` at rank ``r`` (0 = its best guess) has its ``j``-th token accepted,
+given its first ``j - 1`` were, with probability ``q[d][rank bucket of r][depth bucket of j]``; a node's
+probability is the largest prefix product ``q(1) * .. * q(j)`` over the proposals passing through it.
+:class:`AcceptanceStats` keeps counts per drafter *name* (so a new drafter plugs in by its ``name``) at two levels:
+across requests (a Beta prior worth two trials, centred on 0.5 for the first token and on the estimate of the
+depth bucket above for deeper ones: a drafter right about its first tokens is presumed right further on until
+shown otherwise), and for the current request, whose estimate starts at the across-requests one and moves with
+the request's own trials::
+
+    p_all     = (accepted_all + 2 * prior) / (trials_all + 2)      prior = 0.5 at depth 1, else the p_all one
+    p_request = (accepted_req + W * p_all) / (trials_req + W)          W = request_weight (8 trials)
+    p_plan    = min(1, p_request + C * sqrt(p_request * (1 - p_request) / (trials_all + 1)))   C = exploration
+
+The last line is optimism under uncertainty: a cell with few trials is planned with more than its mean, so
+every drafter gets tried (a cell never tried counts as 0.75), and the bonus fades as trials accumulate; a drafter
+whose drafts keep failing is planned at ~1.5 / trials and stops getting nodes once that is below what a node costs.
+
+Worked example: a drafter proposes ``[[7, 3], [5]]`` after root 9, with ``q`` = 0.8 at depth 1 and 0.9 at depth 2
+for rank 0 and 0.3 for rank 1: node probabilities ``7: 0.8, 3: 0.72, 5: 0.3``. With ``p_tie = 0`` (fp32) and
+``T(n)/T(1) = 1, 1.1, 1.2, 1.3`` for n = 1..4: ``rate(0..3) = 1/1, 1.8/1.1, 2.52/1.2, 2.82/1.3 = 1, 1.64, 2.1,
+2.17``: all three nodes are verified. With ``T(n)/T(1) = 1, 1.5, 2.0, 2.5``: ``1, 1.2, 1.26, 1.13``: only ``9 -> 7 -> 3``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.tree import DraftTree, build_tree, subtree
+from ooospec.runtime.verify import Accepted
+
+DEPTH_EDGES = (1, 2, 3, 5, 9)      # depth buckets: 1, 2, 3-4, 5-8, 9+
+NUM_RANKS = 3                      # rank buckets: 0, 1, 2+
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One candidate continuation of the tree root, with where it came from."""
+
+    drafter: str                 # the drafter's ``name``
+    rank: int                    # its position in that drafter's list (0 = most likely)
+    tokens: tuple[int, ...]
+
+
+def depth_bucket(depth: int) -> int:
+    """``1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, 9+ -> 4`` (depth 1 = the first drafted token)."""
+    return sum(depth >= edge for edge in DEPTH_EDGES) - 1
+
+
+def rank_bucket(rank: int) -> int:
+    return min(rank, NUM_RANKS - 1)
+
+
+# ------------------------------------------------------------------------------------ pure tree choice
+
+
+def candidate_tree(root: int, proposals: Sequence[Proposal], max_depth: int) -> DraftTree:
+    """Every proposal (cut at ``max_depth``) merged into one prefix tree, no node budget."""
+    return build_tree(root, [p.tokens for p in proposals], max_nodes=sum(len(p.tokens) for p in proposals),
+                      max_depth=max_depth)
+
+
+def path_nodes(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
+    """Nodes of ``tree`` along ``tokens`` from the root, as far as the tree has them.
+
+    ``path_nodes(build_tree(9, [[7, 3]], 2), [7, 3, 3]) == [1, 2]``.
+    """
+    nodes, node = [], 0
+    for tok in tokens:
+        node = tree.children[node].get(int(tok), -1)
+        if node < 0:
+            break
+        nodes.append(node)
+    return nodes
+
+
+def node_probabilities(tree: DraftTree, proposals: Sequence[Proposal],
+                       prefix_probs: Sequence[Sequence[float]]) -> list[float]:
+    """``[N]`` estimated P(node accepted): the largest prefix probability of a proposal through it; root 1.0.
+
+    ``prefix_probs[i][j]`` = P(the first ``j + 1`` tokens of proposal ``i`` are all accepted).
+    """
+    probs = [0.0] * tree.num_nodes
+    probs[0] = 1.0
+    for proposal, pp in zip(proposals, prefix_probs):
+        for node, p in zip(path_nodes(tree, proposal.tokens), pp):
+            probs[node] = max(probs[node], p)
+    return probs
+
+
+def best_size(gains: Sequence[float], cost: ForwardCost, max_nodes: int, p_tie: float = 0.0) -> int:
+    """The ``k <= max_nodes`` maximizing ``rate(k)`` of the module docstring; ``gains`` sorted descending.
+
+    Ties go to the smaller tree. ``best_size([0.8, 0.72, 0.3], ForwardCost.linear(0.5), 8) == 2``.
+    """
+    best_k, best_rate, expected = 0, 1.0 / cost.seconds(1), 1.0
+    for k, gain in enumerate(gains[:max_nodes], 1):
+        if gain <= 0:
+            break
+        expected += gain
+        rate = (1.0 - p_tie) * expected / cost.seconds(1 + k)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
+def choose_nodes(tree: DraftTree, probs: Sequence[float], cost: ForwardCost, max_nodes: int,
+                 p_tie: float = 0.0) -> list[int]:
+    """Nodes to verify (root first, topological order): the ``best_size`` most probable ones.
+
+    Ordered by probability, then depth, so a parent always precedes its children: every prefix of the order
+    is a tree.
+    """
+    order = sorted(range(1, tree.num_nodes), key=lambda i: (-probs[i], tree.depths[i], i))
+    k = best_size([probs[i] for i in order], cost, max_nodes, p_tie)
+    return [0] + sorted(order[:k])
+
+
+def plan_tree(full: DraftTree, proposals: Sequence[Proposal], stats: AcceptanceStats, cost: ForwardCost,
+              max_nodes: int, max_depth: int) -> DraftTree:
+    """The part of ``full`` (the :func:`candidate_tree` of ``proposals``) to verify this step; the root alone
+    when nothing pays (see the module docstring)."""
+    if full.num_nodes == 1:
+        return full
+    table: dict[tuple[str, int], list[float]] = {}       # one product per drafter and rank bucket, cut per proposal
+    for p in proposals:
+        key = (p.drafter, rank_bucket(p.rank))
+        if key not in table:
+            table[key] = stats.prefix_probs(p.drafter, p.rank, max_depth)
+    probs = node_probabilities(full, proposals, [table[p.drafter, rank_bucket(p.rank)][:len(p.tokens)]
+                                                 for p in proposals])
+    return subtree(full, choose_nodes(full, probs, cost, max_nodes, stats.root_tie_rate()))
+
+
+def outcome(tree: DraftTree, tokens: Sequence[int], acc: Accepted) -> tuple[int, int]:
+    """``(trials, accepted)`` of one proposal in a verified step: its tokens' positions that were judged, and
+    how many of them were accepted.
+
+    A position is a trial when the proposal's token there was in the tree, every earlier one was accepted, and the
+    target's choice there is known (not past a near-tie stop). Example: proposal ``[7, 3, 5]``, all in the tree,
+    accepted ``(7, 4)`` + bonus: trials 2 (7 accepted, 3 rejected), accepted 1.
+    """
+    in_tree = len(path_nodes(tree, tokens))
+    accepted = 0
+    while accepted < in_tree and accepted < len(acc.accepted_tokens) and \
+            tokens[accepted] == acc.accepted_tokens[accepted]:
+        accepted += 1
+    judged = len(acc.accepted_tokens) + (acc.bonus is not None)
+    return min(accepted + 1, in_tree, judged), accepted
+
+
+# ------------------------------------------------------------------------------------ online estimates
+
+
+class AcceptanceStats:
+    """Online acceptance estimates per drafter name, across requests and within the current one.
+
+    Share one instance between engines to carry what was learnt from request to request (``ooospec bench``
+    does so for ``toolspec``, whose engine is built per request). See the module docstring for the estimates.
+
+    Args:
+        request_weight: how many of the request's own trials the across-requests estimate is worth.
+        exploration: ``C``, the weight of the uncertainty bonus (0 = plan with the mean).
+        max_trials: per cell, the across-requests counts are scaled down to this many trials, so old requests
+            fade (the estimate follows a drafter whose usefulness changes).
+    """
+
+    def __init__(self, request_weight: float = 8.0, exploration: float = 0.5, max_trials: float = 1000.0):
+        self.request_weight = request_weight
+        self.exploration = exploration
+        self.max_trials = max_trials
+        self._all: dict[str, list[list[list[float]]]] = {}      # name -> [rank][depth] -> [trials, accepted]
+        self._request: dict[str, list[list[list[float]]]] = {}
+        self._trees = [0.0, 0.0]      # [tree steps (more than the root), of which stopped at a root near-tie]
+
+    @staticmethod
+    def _cells() -> list[list[list[float]]]:
+        return [[[0.0, 0.0] for _ in DEPTH_EDGES] for _ in range(NUM_RANKS)]
+
+    def start_request(self) -> None:
+        """Forget the per-request counts (the across-requests ones stay)."""
+        self._request = {}
+
+    def probability(self, drafter: str, rank: int, depth: int) -> float:
+        """P(token ``depth`` of a rank-``rank`` proposal is accepted | the ones before it were): ``p_request``."""
+        return self._estimate(drafter, rank, depth)[0]
+
+    def plan_probability(self, drafter: str, rank: int, depth: int) -> float:
+        """The probability the policy plans with: ``p_request`` plus the uncertainty bonus (``p_plan``)."""
+        p, trials = self._estimate(drafter, rank, depth)
+        return min(1.0, p + self.exploration * math.sqrt(p * (1.0 - p) / (trials + 1.0)))
+
+    def _estimate(self, drafter: str, rank: int, depth: int) -> tuple[float, float]:
+        """``(p_request, trials_all)`` of one cell."""
+        r, d = rank_bucket(rank), depth_bucket(depth)
+        cells = self._all[drafter][r] if drafter in self._all else self._cells()[0]
+        p_all = 0.5
+        for t_all, a_all in cells[:d + 1]:     # each depth bucket's prior mean is the shallower bucket's estimate
+            p_all = (a_all + 2.0 * p_all) / (t_all + 2.0)
+        t_req, a_req = self._request[drafter][r][d] if drafter in self._request else (0.0, 0.0)
+        return (a_req + self.request_weight * p_all) / (t_req + self.request_weight), t_all
+
+    def prefix_probs(self, drafter: str, rank: int, length: int) -> list[float]:
+        """``[length]`` planned P(the first ``j + 1`` tokens of a rank-``rank`` proposal are all accepted)."""
+        out, p = [], 1.0
+        for depth in range(1, length + 1):
+            p *= self.plan_probability(drafter, rank, depth)
+            out.append(p)
+        return out
+
+    def record(self, drafter: str, rank: int, trials: int, accepted: int) -> None:
+        """Count positions ``1..trials`` of one proposal as trials and ``1..accepted`` as accepted."""
+        r = rank_bucket(rank)
+        for level in (self._all, self._request):
+            cells = level.setdefault(drafter, self._cells())[r]
+            for depth in range(1, trials + 1):
+                cell = cells[depth_bucket(depth)]
+                cell[0] += 1
+                cell[1] += depth <= accepted
+        for cell in self._all[drafter][r]:
+            if cell[0] > self.max_trials:
+                scale = self.max_trials / cell[0]
+                cell[0] *= scale
+                cell[1] *= scale
+
+    def root_tie_rate(self) -> float:
+        """Estimated P(a tree step stops at a near-tie at its root), prior 1 in 20 worth 10 steps."""
+        trees, ties = self._trees
+        return (ties + 0.5) / (trees + 10.0)
+
+    def record_step(self, tree: DraftTree, proposals: Sequence[Proposal], acc: Accepted) -> None:
+        """Update every drafter's counts and the root near-tie rate from one verified step."""
+        if tree.num_nodes > 1:
+            self._trees[0] += 1
+            self._trees[1] += acc.bonus is None and len(acc.path) == 1
+            if self._trees[0] > self.max_trials:
+                self._trees = [t * self.max_trials / self._trees[0] for t in self._trees]
+        for p in proposals:
+            trials, accepted = outcome(tree, p.tokens, acc)
+            if trials:
+                self.record(p.drafter, p.rank, trials, accepted)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """``{drafter: {"trials", "accepted", "first_token_rate"}}`` across requests (rank 0, depth 1 for the rate)."""
+        out = {}
+        for name, ranks in sorted(self._all.items()):
+            trials = sum(c[0] for cells in ranks for c in cells)
+            accepted = sum(c[1] for cells in ranks for c in cells)
+            t0, a0 = ranks[0][0]
+            out[name] = {"trials": round(trials, 1), "accepted": round(accepted, 1),
+                         "first_token_rate": a0 / t0 if t0 else float("nan")}
+        return out

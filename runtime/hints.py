@@ -1,0 +1,251 @@
+"""The hint bank: text views of a predicted call, tokenized by the TARGET, suffix-matched as a drafter.
+
+The sidecar predicts a call as data (``{"name", "arguments"}``); the target prints it as text in its own style.
+So the call is rendered as several equivalent text views (:func:`render_views`: the target format's own call
+syntax, compact JSON, spaced JSON, pretty JSON in a fence, the arguments alone), each tokenized with the
+target's tokenizer into a per-request :class:`HintBank`. At every step :class:`HintDrafter` polls its source
+without blocking; once the bank is there, the longest suffix of the committed tokens (7 tokens, backing off to
+1) is looked up in every view and the tokens that follow each occurrence become candidates. The alignment is
+by suffix, so a hint that arrives late still continues wherever the target is; a wrong hint is rejected by the
+verifier like any other draft (the target stays the only commit authority).
+
+Worked example (``max_match=3``): views ``{"a": [5, 6, 7, 8], "b": [1, 6, 7, 9]}``, committed ``[.., 2, 6, 7]``::
+
+    n = 3: suffix [2, 6, 7] occurs in no view
+    n = 2: suffix [6, 7] occurs in "a" (followed by [8]) and in "b" (followed by [9])
+    propose -> [[8], [9]]                      (the longest matching n only; shorter suffixes are not tried)
+
+Use::
+
+    bank = HintBank.from_calls([call], fmt, tokenizer)            # or a sidecar_client request, polled
+    drafter = HintDrafter(bank)                                    # any object with poll() -> HintBank | None
+    engine = make_engine(model, [fsm, retrieval, drafter, pld], eos_token_ids=[tokenizer.eos_token_id])
+    result = engine.generate(prompt_ids, max_new_tokens=256)
+    drafter.stats(result)      # HintStats(ready_step, num_proposed_tokens, num_accepted_tokens, match_s, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
+
+from ooospec.runtime.drafting import DraftContext
+
+if TYPE_CHECKING:
+    from ooospec.runtime.engine import GenerationResult
+
+MAX_MATCH = 7        # longest suffix looked up (the OoO-Spec paper: 7 down to 1)
+
+
+# ------------------------------------------------------------------------------------------ text views
+
+
+def render_views(call: Mapping, fmt: ModuleType) -> dict[str, str]:
+    """Equivalent texts of one call ``{"name", "arguments"}``, one per way a target tends to print it.
+
+    For ``{"name": "f", "arguments": {"x": 1}}`` and the hermes format::
+
+        format     <tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>   (fmt.render_call)
+        compact    {"name":"f","arguments":{"x":1}}
+        spaced     {"name": "f", "arguments": {"x": 1}}
+        pretty     ```json\\n{\\n  "name": "f",\\n  "arguments": {\\n    "x": 1\\n  }\\n}\\n```   (Qwen2.5-Coder)
+        arguments  {"x": 1}
+
+    Non-ASCII characters are kept as they are (``ensure_ascii=False``), as the targets print them.
+    """
+    bare = {"name": call["name"], "arguments": call["arguments"]}
+    return {
+        "format": fmt.render_call(bare),
+        "compact": json.dumps(bare, ensure_ascii=False, separators=(",", ":")),
+        "spaced": json.dumps(bare, ensure_ascii=False),
+        "pretty": "```json\n" + json.dumps(bare, ensure_ascii=False, indent=2) + "\n```",
+        "arguments": json.dumps(bare["arguments"], ensure_ascii=False),
+    }
+
+
+def tokenize_views(views: Mapping[str, str], tokenizer) -> dict[str, list[int]]:
+    """Each view tokenized alone with the target's tokenizer (no special tokens); identical texts kept once."""
+    names, texts, seen = [], [], set()
+    for name, text in views.items():
+        if text and text not in seen:
+            seen.add(text)
+            names.append(name)
+            texts.append(text)
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return {name: [int(t) for t in seq] for name, seq in zip(names, ids)}
+
+
+# ------------------------------------------------------------------------------------------ the bank
+
+
+class HintBank:
+    """Token views of one request's predicted call(s), indexed by every n-gram of length 1..:data:`MAX_MATCH`.
+
+    A bank is ready by construction, so it is also a hint source: ``bank.poll()`` returns the bank (the gold
+    ceiling feeds a bank built from the gold call at time zero this way).
+    """
+
+    def __init__(self, views: Mapping[str, Sequence[int]]):
+        self.views: dict[str, tuple[int, ...]] = {k: tuple(int(t) for t in v) for k, v in views.items() if v}
+        # n-gram -> [(view, end)]: the gram ends at ``end`` and view[end] is the next token (so end < len(view))
+        self._index: dict[tuple[int, ...], list[tuple[str, int]]] = {}
+        for name, seq in self.views.items():
+            for end in range(1, len(seq)):
+                for n in range(1, min(MAX_MATCH, end) + 1):
+                    self._index.setdefault(seq[end - n:end], []).append((name, end))
+
+    @classmethod
+    def from_calls(cls, calls: Sequence[Mapping], fmt: ModuleType, tokenizer) -> HintBank:
+        """The views of every call (the first call's views named as in :func:`render_views`, later ones
+        ``"<view>#<i>"``), tokenized with ``tokenizer`` (the TARGET's)."""
+        views: dict[str, str] = {}
+        for i, call in enumerate(calls):
+            for name, text in render_views(call, fmt).items():
+                views[name if i == 0 else f"{name}#{i}"] = text
+        return cls(tokenize_views(views, tokenizer))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(v) for v in self.views.values())
+
+    def poll(self) -> HintBank:
+        return self
+
+    def match(self, tokens: Sequence[int], *, max_match: int = MAX_MATCH, min_match: int = 1,
+              max_len: int = 16, max_candidates: int = 3) -> list[list[int]]:
+        """Continuations of the longest suffix of ``tokens`` (``max_match`` down to ``min_match`` tokens) found
+        in the views: up to ``max_candidates`` distinct ones, each at most ``max_len`` tokens, in view order
+        then position order. ``[]`` when no suffix of those lengths occurs (see the module docstring)."""
+        if not 1 <= min_match <= max_match <= MAX_MATCH:
+            raise ValueError(f"need 1 <= min_match <= max_match <= {MAX_MATCH}, got {min_match}, {max_match}")
+        for n in range(min(max_match, len(tokens)), min_match - 1, -1):
+            hits = self._index.get(tuple(int(t) for t in tokens[len(tokens) - n:]))
+            if not hits:
+                continue
+            found: list[list[int]] = []
+            seen: set[tuple[int, ...]] = set()
+            for name, end in hits:
+                cont = self.views[name][end:end + max_len]
+                if cont not in seen:
+                    seen.add(cont)
+                    found.append(list(cont))
+                    if len(found) == max_candidates:
+                        break
+            return found
+        return []
+
+
+# ------------------------------------------------------------------------------------------ the drafter
+
+
+class HintSource(Protocol):
+    def poll(self) -> HintBank | None:
+        """The bank once it is ready, else None. Must return at once (the target never waits on it)."""
+        ...
+
+
+@dataclass
+class HintStats:
+    """One request's hint usage (see :meth:`HintDrafter.stats`)."""
+
+    ready_step: int | None       # first step whose poll found the bank (0 = before the first tree); None = never
+    num_polls: int               # polls that found nothing plus the one that found the bank
+    num_proposed_steps: int      # steps at which the bank proposed at least one candidate
+    num_proposed_tokens: int     # hint tokens proposed, all steps and candidates (before the engine's budget cut)
+    num_accepted_tokens: int | None  # draft tokens on accepted paths that a hint candidate proposed (None: no result)
+    match_s: float               # seconds spent in propose (poll + suffix match), on the target's critical path
+    num_views: int               # views in the bank (0 before it is ready)
+    bank_tokens: int             # target tokens over all views
+
+    @property
+    def used(self) -> bool | None:
+        """Whether any hint token was accepted (None without the engine's result)."""
+        return None if self.num_accepted_tokens is None else self.num_accepted_tokens > 0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "used": self.used}
+
+
+class HintDrafter:
+    """Suffix-matched hint candidates from a source that becomes ready at some unknown step.
+
+    One drafter per request (its bank belongs to the request). Until ``source.poll()`` returns a bank the drafter
+    proposes nothing; it polls once per step and never blocks.
+
+    Args:
+        source: anything with ``poll() -> HintBank | None`` (a client request, or a :class:`HintBank`).
+        max_match / min_match: suffix lengths tried, longest first.
+        max_len: tokens per candidate.
+        max_candidates: distinct continuations per step.
+    """
+
+    name = "hints"
+
+    def __init__(self, source: HintSource, *, max_match: int = MAX_MATCH, min_match: int = 1, max_len: int = 16,
+                 max_candidates: int = 3):
+        if not 1 <= min_match <= max_match <= MAX_MATCH:
+            raise ValueError(f"need 1 <= min_match <= max_match <= {MAX_MATCH}, got {min_match}, {max_match}")
+        if max_len < 1 or max_candidates < 1:
+            raise ValueError(f"need max_len, max_candidates >= 1, got {max_len}, {max_candidates}")
+        self.source = source
+        self.max_match, self.min_match = max_match, min_match
+        self.max_len, self.max_candidates = max_len, max_candidates
+        self.bank: HintBank | None = None
+        self.ready_step: int | None = None
+        self.num_polls = 0
+        self.match_s = 0.0
+        self._log: list[tuple[int, int, list[list[int]]]] = []   # [(step, tokens generated before it, cands)]
+
+    def propose(self, ctx: DraftContext) -> list[list[int]]:
+        t0 = time.perf_counter()
+        try:
+            if self.bank is None:
+                self.num_polls += 1
+                self.bank = self.source.poll()
+                if self.bank is None:
+                    return []
+                self.ready_step = ctx.step
+            cands = self.bank.match(ctx.tokens, max_match=self.max_match, min_match=self.min_match,
+                                    max_len=self.max_len, max_candidates=self.max_candidates)
+            if cands:
+                self._log.append((ctx.step, len(ctx.tokens) - ctx.prompt_len, cands))
+            return cands
+        finally:
+            self.match_s += time.perf_counter() - t0
+
+    def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """A bank belongs to one request; nothing carries over."""
+
+    def stats(self, result: GenerationResult | None = None) -> HintStats:
+        """This request's :class:`HintStats`; pass the engine's result to count accepted hint tokens.
+
+        A step's accepted hint tokens = the longest prefix that one of its hint candidates shares with the draft
+        tokens the step accepted (``steps[k].accepted`` of the tokens committed at step k, the bonus excluded).
+        A token another drafter proposed too counts here as well.
+        """
+        accepted = None
+        if result is not None:
+            accepted = 0
+            for step, n_done, cands in self._log:
+                st = result.steps[step]
+                drafts = result.tokens[n_done:n_done + min(st.accepted, st.new_tokens)]
+                accepted += max(_common_prefix(c, drafts) for c in cands)
+        return HintStats(
+            ready_step=self.ready_step, num_polls=self.num_polls, num_proposed_steps=len(self._log),
+            num_proposed_tokens=sum(len(c) for _, _, cands in self._log for c in cands),
+            num_accepted_tokens=accepted, match_s=self.match_s,
+            num_views=len(self.bank.views) if self.bank is not None else 0,
+            bank_tokens=self.bank.num_tokens if self.bank is not None else 0)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,360 @@
+"""The sidecar server: an OpenAI-compatible ``POST /v1/completions`` that answers a wave in ONE pass.
+
+Run it with ``ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]``
+(loopback by default; the server has no authentication). Endpoints: ``POST /v1/completions``,
+``GET /v1/models``, ``GET /health``.
+
+A request is a list of prompts (or one string), decoded greedily: ``max_tokens``, ``stop`` (strings cut from the
+text), ``model`` (must be the served name, ``sidecar``). The response has the usual shape, ``{"id", "object":
+"text_completion", "created", "model", "choices": [{"index", "text", "finish_reason", "logprobs": null}],
+"usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``, plus an ``ooospec`` object with the wave's
+timings (``prefill_s``, ``decode_s``, ``n_forwards``, ``block_tokens``, ``query_tokens``, ``shared_block``,
+``queue_s``, ``tokenize_s``).
+
+A wave's prompts (:func:`~ooospec.runtime.sidecar_prompts.build_wave`) are one shared block followed by a short
+query line each. The server finds that block -- the prompts' common text prefix, cut back to its last ``"\\n"``
+(:func:`split_shared_block`) -- tokenizes the block once and each query apart, and decodes every answer as a
+branch of one pass (:func:`~ooospec.runtime.sidecar.decode_branches`): one prefill of the block instead of one
+per prompt. Prompts without such a block (or whose split tokenization disagrees with tokenizing the whole
+prompt, see below) are tokenized whole and still answered exactly, sharing their common token prefix.
+
+Tokenization, and running the same client against vLLM: vLLM tokenizes each full prompt, this server tokenizes
+block and query apart (as training does, :func:`~ooospec.runtime.sidecar.encode_wave`). For the layout-v2
+prompts (the block ends with ``"\\n"``, the query starts with ``Query:``) the two agree on byte-level BPE
+tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a newline and a
+following letter, and BPE merges never cross a split. The server checks this per request on the first prompt and
+for queries starting with whitespace, and tokenizes whole prompts when it fails (e.g. SentencePiece tokenizers
+that add a prefix space to the query). ``tests/runtime/test_sidecar_server.py`` tests the claim on byte-level BPE
+tokenizers trained in the test. The GPU deployment of the paper serves the same adapter with vLLM::
+
+    vllm serve BASE --enable-lora --lora-modules sidecar=DIR --enable-prefix-caching
+
+(``BASE`` = the adapter's base model, ``DIR`` = the adapter folder); the client
+(:mod:`ooospec.runtime.sidecar_client`) sends ``temperature: 0`` and ``add_special_tokens: false`` so that both
+servers see the prompts as training did.
+
+Limits (:class:`Limits`, all answered with 4xx and an OpenAI-style ``{"error": {...}}`` body): request body size
+(413), prompt count, prompt length in tokens, ``max_tokens`` (400), waiting requests (429). Unsupported sampling
+options (``temperature > 0``, ``n > 1``, ``stream``, ``echo``, ``logprobs``) are refused with 400: this server
+decodes greedily only. One wave runs at a time (the model is not shared between threads); ``/health`` answers
+while a wave runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ooospec.runtime.sidecar import Sidecar, decode_branches
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8765
+MODEL_NAME = "sidecar"          # the served model name (vLLM: --lora-modules sidecar=DIR)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits; a request over any of them gets a 4xx answer, never a partial one."""
+
+    max_body_bytes: int = 16 << 20      # 413 (a wave repeats its block in every prompt: 40 x 20 KB = 0.8 MB)
+    max_prompts: int = 1024             # 400
+    max_prompt_tokens: int = 8192       # 400, per prompt (block + query)
+    max_tokens: int = 512               # 400, the request's max_tokens
+    max_waiting: int = 8                # 429, requests queued behind the running wave
+
+
+class CompletionRequest(BaseModel):
+    """The subset of OpenAI's completions request this server honours; other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str | list[str]
+    model: str | None = None
+    max_tokens: int = 16                # OpenAI's and vLLM's default
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    n: int = 1
+    best_of: int | None = None
+    stream: bool = False
+    echo: bool = False
+    logprobs: int | None = None
+    add_special_tokens: bool = True     # vLLM's extension; the client sends False (prompts as in training)
+
+
+class RequestError(Exception):
+    """A request this server refuses: ``status`` and an OpenAI-style message."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+
+
+def split_shared_block(prompts: Sequence[str]) -> tuple[str, list[str]] | None:
+    """The prompts' shared block and the query after it in each; None when they share no line.
+
+    The block is the common text prefix cut back to its last ``"\\n"``, short enough that every query keeps at
+    least one character::
+
+        >>> split_shared_block(["Conv\\nTools\\nQuery: a\\n", "Conv\\nTools\\nQuery: b\\n"])
+        ('Conv\\nTools\\n', ['Query: a\\n', 'Query: b\\n'])
+        >>> split_shared_block(["x\\nQuery: a\\n"])          # one prompt: its last line is the query
+        ('x\\n', ['Query: a\\n'])
+        >>> split_shared_block(["abc", "abd"]) is None
+        True
+    """
+    if not prompts:
+        return None
+    common = os.path.commonprefix(list(prompts))
+    shortest = min(len(p) for p in prompts)
+    cut = common.rfind("\n", 0, min(len(common), shortest - 1)) + 1
+    if cut == 0:
+        return None
+    return common[:cut], [p[cut:] for p in prompts]
+
+
+def common_token_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix all of ``seqs`` share: ``[[1, 2, 3], [1, 2, 4]] -> 2``."""
+    if not seqs:
+        return 0
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        if any(s[i] != first[i] for s in seqs):
+            return i
+    return n
+
+
+@dataclass
+class Group:
+    """Prompts answered by one ``decode_branches`` pass: a shared block and each prompt's rest."""
+
+    block: list[int]
+    queries: list[list[int]]
+    members: list[int]          # prompt indices, one per query
+
+
+def tokenize_prompts(tokenizer, prompts: Sequence[str], add_special_tokens: bool) -> tuple[list[Group], bool]:
+    """Tokenize ``prompts`` into passes; returns ``(groups, shared_block)``.
+
+    Fast path (``shared_block=True``): a text block (:func:`split_shared_block`) tokenized once, every query
+    apart, one group -- taken only when no query starts with whitespace and the first prompt tokenized whole
+    gives the same ids. Otherwise every prompt is tokenized whole; prompts sharing a token prefix form one group
+    (the longest common prefix of all, at least one token, each prompt keeping at least one token after it), and
+    without any common prefix each prompt is its own group. Either way ``block + query`` are a prompt's ids.
+    """
+    split = split_shared_block(prompts)
+    if split is not None and not any(q[0].isspace() for q in split[1]):
+        block_text, query_texts = split
+        block = list(tokenizer(block_text, add_special_tokens=add_special_tokens)["input_ids"])
+        queries = [list(q) for q in tokenizer(query_texts, add_special_tokens=False)["input_ids"]]
+        whole = list(tokenizer(prompts[0], add_special_tokens=add_special_tokens)["input_ids"])
+        if block and all(queries) and whole == block + queries[0]:
+            return [Group(block, queries, list(range(len(prompts))))], True
+    ids = [list(x) for x in tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]]
+    for i, x in enumerate(ids):
+        if len(x) < 2:
+            raise RequestError(400, f"prompt {i} is {len(x)} token(s); this server needs at least 2", "prompt")
+    n = min(common_token_prefix(ids), min(len(x) for x in ids) - 1)
+    if n >= 1:
+        return [Group(ids[0][:n], [x[n:] for x in ids], list(range(len(ids))))], False
+    return [Group(x[:-1], [x[-1:]], [i]) for i, x in enumerate(ids)], False
+
+
+def finish_text(text: str, tokens: Sequence[int], eos_token_ids: Sequence[int],
+                stop: Sequence[str]) -> tuple[str, str]:
+    """``(text, finish_reason)``: cut at the first stop string (``"stop"``), else ``"stop"`` after EOS and
+    ``"length"`` at the token cap. ``finish_text("ab;c", [..], [], [";"]) -> ("ab", "stop")``."""
+    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    if cuts:
+        return text[:min(cuts)], "stop"
+    return text, "stop" if tokens and tokens[-1] in eos_token_ids else "length"
+
+
+def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop: Sequence[str] = (),
+             add_special_tokens: bool = True, limits: Limits = Limits()) -> dict:
+    """Greedy completions of ``prompts``: ``{"choices", "usage", "ooospec"}`` (no id/model; see :func:`create_app`).
+
+    Each choice's text equals greedy decoding of its prompt alone, cut after EOS, at ``max_tokens`` or at the
+    first stop string.
+    """
+    tok = sidecar.tokenizer
+    t0 = time.perf_counter()
+    groups, shared = tokenize_prompts(tok, prompts, add_special_tokens)
+    t1 = time.perf_counter()
+    for g in groups:
+        for q, i in zip(g.queries, g.members):
+            if len(g.block) + len(q) > limits.max_prompt_tokens:
+                raise RequestError(400, f"prompt {i} is {len(g.block) + len(q)} tokens, over the limit "
+                                        f"{limits.max_prompt_tokens}", "prompt")
+    eos = list(sidecar.eos_token_ids)
+    out: list[list[int]] = [[] for _ in prompts]
+    stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0}
+    for g in groups:
+        toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos)
+        for i, t in zip(g.members, toks):
+            out[i] = t
+        for k in stats:
+            stats[k] += st[k]
+    choices = []
+    for i, (text, toks) in enumerate(zip(tok.batch_decode(out, skip_special_tokens=True), out)):
+        text, reason = finish_text(text, toks, eos, stop)
+        choices.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+    prompt_tokens = sum(len(g.block) + len(q) for g in groups for q in g.queries)
+    completion_tokens = sum(len(t) for t in out)
+    return {"choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+            "ooospec": {**stats, "tokenize_s": t1 - t0, "shared_block": shared, "num_passes": len(groups)}}
+
+
+def check_request(req: CompletionRequest, served: str, limits: Limits) -> tuple[list[str], list[str]]:
+    """``(prompts, stops)`` of a valid request; raises :class:`RequestError` (4xx) otherwise."""
+    if req.model is not None and req.model != served:
+        raise RequestError(404, f"The model `{req.model}` does not exist (served: {served!r}).", "model")
+    if req.stream or req.echo or req.logprobs is not None or req.n != 1 or (req.best_of or 1) != 1:
+        raise RequestError(400, "stream, echo, logprobs, n > 1 and best_of > 1 are not supported: this server "
+                                "returns one greedy completion per prompt")
+    if req.temperature is not None and req.temperature > 0:
+        raise RequestError(400, f"temperature={req.temperature}: this server decodes greedily only; send 0",
+                           "temperature")
+    if not 1 <= req.max_tokens <= limits.max_tokens:
+        raise RequestError(400, f"max_tokens={req.max_tokens} outside [1, {limits.max_tokens}]", "max_tokens")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    if not 1 <= len(prompts) <= limits.max_prompts:
+        raise RequestError(400, f"{len(prompts)} prompts; send between 1 and {limits.max_prompts}", "prompt")
+    if any(not p for p in prompts):
+        raise RequestError(400, "empty prompt", "prompt")
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > 16:
+        raise RequestError(400, f"{len(stops)} stop strings; at most 16", "stop")
+    return prompts, [s for s in stops if s]
+
+
+# ------------------------------------------------------------------------------------------ the app
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise RequestError(400, f"bad Content-Length {length[:20]!r}")
+        if int(length) > limit:
+            raise RequestError(413, f"request body of {int(length)} bytes is over the limit of {limit}")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise RequestError(413, f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits = Limits()) -> FastAPI:
+    """The FastAPI app serving ``sidecar`` (any object with ``model``, ``tokenizer``, ``eos_token_ids``)."""
+    app = FastAPI(title="ooo-spec sidecar", docs_url=None, redoc_url=None)
+    worker = anyio.CapacityLimiter(1)        # one wave at a time: the model and tokenizer are not shared
+    state = {"waiting": 0, "running": 0}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_name, "layout_version": sidecar.metadata.get("layout_version"),
+                "running": state["running"], "waiting": state["waiting"],
+                "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0))}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "ooospec"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        t_arrival = time.perf_counter()
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+            try:
+                raw: Any = json.loads(body)
+            except (ValueError, RecursionError):
+                raise RequestError(400, "request body is not valid JSON") from None
+            try:
+                req = CompletionRequest.model_validate(raw)
+            except ValidationError as e:
+                first = e.errors()[0]
+                raise RequestError(400, f"invalid request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
+                                   str(first["loc"][0]) if first["loc"] else None) from None
+            prompts, stops = check_request(req, model_name, limits)
+            if state["waiting"] >= limits.max_waiting:
+                raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
+            state["waiting"] += 1
+            queued = True
+            try:
+                async with worker:
+                    state["waiting"] -= 1
+                    queued = False
+                    state["running"] += 1
+                    t_start = time.perf_counter()
+                    try:
+                        result = await anyio.to_thread.run_sync(
+                            lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
+                                             add_special_tokens=req.add_special_tokens, limits=limits))
+                    finally:
+                        state["running"] -= 1
+            finally:
+                if queued:       # cancelled while waiting (the client went away)
+                    state["waiting"] -= 1
+        except RequestError as e:
+            return _error(e.status, e.message, e.param)
+        result["ooospec"]["queue_s"] = t_start - t_arrival
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": model_name, **result}
+
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          threads: int | None = None, cpus: Sequence[int] | None = None, dtype: str = "fp32",
+          limits: Limits = Limits()) -> None:
+    """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
+
+    ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
+    """
+    import uvicorn
+
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
+    if not is_loopback(host):
+        logger.warning("serving on %s: the sidecar server has no authentication; keep it on loopback "
+                       "(127.0.0.1) unless the network is yours", host)
+    sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype)
+    app = create_app(sidecar, limits=limits)
+    logger.info("sidecar serving on http://%s:%d (threads=%s, cpus=%s)", host, port, threads, cpus)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

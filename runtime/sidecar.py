@@ -1,0 +1,264 @@
+"""The sidecar's one-pass wave: prefill a request's shared block once, decode every slot answer as a branch.
+
+A wave (:class:`~ooospec.runtime.sidecar_prompts.Wave`) is one shared block and N short queries. Answering it
+as N separate prompts costs N prefills of the block; here the block is prefilled ONCE into the KV cache
+(:class:`~ooospec.runtime.kv_cache.KVCache`, the runtime's only cache), the N queries go in as one forest
+(shared query prefixes merged, like draft-tree nodes), and then every live branch advances one token per forward,
+each seeing the block and its own tokens only. The wave costs one prefill, one forward over the query forest and
+about (longest answer) one-token-per-branch forwards. Each branch ends at EOS or at ``max_new_tokens`` with
+exactly the tokens greedy decoding of that slot's prompt on its own gives (``tests/runtime/test_sidecar.py``
+checks this on tiny float64 models).
+
+Tokenization is part of the layout: a prompt is ``ids(block) + ids(query)``, tokenized apart
+(:func:`encode_wave`), in training (:mod:`ooospec.pipelines.packing`) and here alike.
+
+    sidecar = Sidecar.from_adapter()                                  # the shipped adapter (adapters/sidecar)
+    call, result = sidecar.predict(messages, tools)                   # {"name", "arguments"} | None
+    result.prefill_s, result.decode_s, result.n_forwards, result.answers
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.kv_cache import KVCache
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "sidecar.json"   # written next to the adapter: layout version, base, data/metrics summary
+DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "adapters" / "sidecar"
+ADAPTER_ENV = "OOOSPEC_SIDECAR_ADAPTER"
+
+
+def default_adapter_dir() -> Path:
+    """``$OOOSPEC_SIDECAR_ADAPTER`` if set, else the adapter shipped in the repository (``adapters/sidecar``)."""
+    return Path(os.environ[ADAPTER_ENV]) if os.environ.get(ADAPTER_ENV) else DEFAULT_ADAPTER
+
+
+def encode_wave(tokenizer, wave: sp.Wave) -> tuple[list[int], list[list[int]]]:
+    """``(block_ids, [query_ids])``: the block and each query tokenized apart, no special tokens."""
+    block = tokenizer(wave.block, add_special_tokens=False)["input_ids"]
+    queries = tokenizer([q.text for q in wave.queries], add_special_tokens=False)["input_ids"] if wave.queries else []
+    return list(block), [list(q) for q in queries]
+
+
+@dataclass
+class WaveResult:
+    """One wave's answers and timings."""
+
+    tokens: list[list[int]]     # [n_queries] generated tokens per query (EOS included when it ended on EOS)
+    answers: list[str]          # [n_queries] decoded answers (special tokens dropped)
+    prefill_s: float            # the block's prefill
+    decode_s: float             # the query forest forward + every branch step
+    n_forwards: int             # forwards after the prefill
+    block_tokens: int
+    query_tokens: int           # distinct query-forest nodes fed in the first decode forward
+
+    @property
+    def wave_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
+                    max_new_tokens: int, eos_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], dict]:
+    """Greedy answers of ``block + query_i`` for every i, sharing the block's prefill. Returns ``(tokens, stats)``.
+
+    ``tokens[i]`` equals greedy decoding of ``block_ids + query_ids[i]`` alone, cut after the first EOS or at
+    ``max_new_tokens``. Identical queries share a branch; queries sharing a prefix share its nodes.
+    """
+    if not block_ids:
+        raise ValueError("the shared block is empty")
+    if any(len(q) == 0 for q in query_ids):
+        raise ValueError("every query needs at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    eos = frozenset(int(t) for t in eos_token_ids)
+    kv = KVCache(model)
+    t0 = time.perf_counter()
+    kv.prefill(block_ids)
+    t1 = time.perf_counter()
+    n_block = kv.length
+
+    # the query forest: node i -> (token, parent node or -1, depth); cache entry of node i = n_block + i
+    tokens, parents, depths = [], [], []
+    children: list[dict[int, int]] = []
+    roots: dict[int, int] = {}
+    leaves = []
+    for q in query_ids:
+        node, level = -1, roots
+        for tok in q:
+            child = level.get(int(tok))
+            if child is None:
+                child = len(tokens)
+                tokens.append(int(tok))
+                parents.append(node)
+                depths.append(0 if node < 0 else depths[node] + 1)
+                children.append({})
+                level[int(tok)] = child
+            node, level = child, children[child]
+        leaves.append(node)
+    n = len(tokens)
+    visible = torch.zeros(n, n_block + n, dtype=torch.bool)
+    visible[:, :n_block] = True
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[i, n_block + j] = True
+            j = parents[j]
+    positions = torch.tensor(depths, dtype=torch.long) + n_block
+    key_pos = torch.cat([torch.arange(n_block), positions])
+    logits = kv.forward_masked(tokens, positions, visible, key_pos)
+    kv.commit(range(n))
+    n_forwards = 1
+
+    # one branch per distinct leaf: its cache path, its position, its generated tokens
+    branch_of_leaf: dict[int, int] = {}
+    paths: list[list[int]] = []
+    next_pos: list[int] = []
+    out: list[list[int]] = []
+    for leaf in leaves:
+        if leaf in branch_of_leaf:
+            continue
+        branch_of_leaf[leaf] = len(paths)
+        path, j = [], leaf
+        while j >= 0:
+            path.append(n_block + j)
+            j = parents[j]
+        paths.append(path[::-1])
+        next_pos.append(n_block + depths[leaf] + 1)
+        out.append([int(logits[leaf].argmax())])
+    key_pos_list = key_pos.tolist()
+
+    def done(b: int) -> bool:
+        return out[b][-1] in eos or len(out[b]) >= max_new_tokens
+
+    live = [b for b in range(len(out)) if not done(b)]
+    while live:
+        q = len(live)
+        length = kv.length
+        visible = torch.zeros(q, length + q, dtype=torch.bool)
+        visible[:, :n_block] = True
+        for r, b in enumerate(live):
+            visible[r, paths[b]] = True
+            visible[r, length + r] = True
+        positions = torch.tensor([next_pos[b] for b in live], dtype=torch.long)
+        key_pos_list += positions.tolist()
+        logits = kv.forward_masked([out[b][-1] for b in live], positions, visible,
+                                   torch.tensor(key_pos_list, dtype=torch.long))
+        kv.commit(range(q))
+        n_forwards += 1
+        choice = logits.argmax(dim=-1).tolist()
+        for r, b in enumerate(live):
+            paths[b].append(length + r)
+            next_pos[b] += 1
+            out[b].append(int(choice[r]))
+        live = [b for b in live if not done(b)]
+    t2 = time.perf_counter()
+    stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": n_block,
+             "query_tokens": n}
+    return [list(out[branch_of_leaf[leaf]]) for leaf in leaves], stats
+
+
+# ------------------------------------------------------------------------------------------- the sidecar
+
+
+class LayoutMismatch(ValueError):
+    """The adapter was trained on another prompt layout than this runtime builds."""
+
+
+def read_metadata(adapter_dir: str | os.PathLike) -> dict:
+    """The adapter's ``sidecar.json``; checks its layout version against :data:`sidecar_prompts.LAYOUT_VERSION`."""
+    path = Path(adapter_dir) / METADATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{adapter_dir}: no {METADATA_FILE}; is this a sidecar adapter folder "
+                                "(made by `python -m ooospec.pipelines.train_sidecar`)?")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    found = meta.get("layout_version")
+    if found != sp.LAYOUT_VERSION:
+        raise LayoutMismatch(
+            f"{adapter_dir}: the adapter was trained on sidecar prompt layout {found!r}, but this runtime builds "
+            f"layout {sp.LAYOUT_VERSION}; its answers would be meaningless. Retrain it (`dvc repro train_sidecar`) "
+            "or use an ooo-spec release that builds that layout.")
+    return meta
+
+
+class Sidecar:
+    """A sidecar model (base + merged LoRA) that answers waves. Thread-compatible, not thread-safe."""
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 48, metadata: Mapping | None = None):
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the sidecar tokenizer has no eos_token_id; answers could not stop")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.metadata = dict(metadata or {})
+
+    @classmethod
+    def from_adapter(cls, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
+                     dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True) -> Sidecar:
+        """Load ``adapter_dir`` (default :func:`default_adapter_dir`) on its base model.
+
+        The base is the metadata's ``base`` (a registry name or a local folder) when this machine has it, else
+        its Hub id (``base_model_id``).
+        """
+        from peft import PeftModel
+        from transformers import AutoTokenizer
+
+        from ooospec.runtime.models import REGISTRY, load_target
+
+        adapter_dir = Path(adapter_dir) if adapter_dir is not None else default_adapter_dir()
+        meta = read_metadata(adapter_dir)
+        base = meta.get("base") or ""
+        if base not in REGISTRY and not Path(base).exists():   # trained elsewhere: the Hub id
+            base = meta.get("base_model_id") or base
+        model, _ = load_target(base, dtype=dtype, threads=threads)
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+        if merge:
+            model = model.merge_and_unload()
+        tok = AutoTokenizer.from_pretrained(str(adapter_dir))
+        return cls(model.eval(), tok, max_new_tokens=max_new_tokens, metadata=meta)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return [self.tokenizer.eos_token_id]
+
+    def answer(self, wave: sp.Wave) -> WaveResult:
+        """Every query of ``wave`` answered greedily in one pass."""
+        block, queries = encode_wave(self.tokenizer, wave)
+        if not queries:
+            return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
+        toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
+                                      eos_token_ids=self.eos_token_ids)
+        answers = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
+        return WaveResult(toks, answers, stats["prefill_s"], stats["decode_s"], stats["n_forwards"],
+                          stats["block_tokens"], stats["query_tokens"])
+
+    def predict(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
+                with_direct_call: bool = False) -> tuple[dict | None, WaveResult]:
+        """The joined call (see :func:`~ooospec.runtime.sidecar_prompts.join_slots`) and the wave's result."""
+        wave = sp.build_wave(messages, tools, prior_calls, with_direct_call)
+        result = self.answer(wave)
+        return join_answers(tools, wave, result.answers), result
+
+
+def join_answers(tools: Sequence[Any], wave: sp.Wave, answers: Sequence[str]) -> dict | None:
+    """:func:`~ooospec.runtime.sidecar_prompts.join_slots` over a wave's answers, in the wave's query order."""
+    index_text, direct, args = "", None, {}
+    for q, a in zip(wave.queries, answers):
+        if q.form == "function_index":
+            index_text = a
+        elif q.form == "direct_call":
+            direct = a
+        else:
+            args[(q.function, q.parameter)] = a
+    return sp.join_slots(tools, index_text, args, direct)

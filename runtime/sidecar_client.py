@@ -1,0 +1,429 @@
+"""Send one sidecar wave per request, in the background; the target polls for the hint bank and never waits.
+
+At request arrival -- never before -- :meth:`SidecarClient.submit` starts a daemon thread that builds the wave
+with the shared builder (:func:`~ooospec.runtime.sidecar_prompts.build_wave`), sends it as ONE
+OpenAI-compatible ``POST /v1/completions`` (one prompt per slot query; our server,
+:mod:`ooospec.runtime.serve.sidecar_app`, or vLLM serving the adapter), joins the answers into a call
+(:func:`~ooospec.runtime.sidecar.join_answers`, schema-checked), renders its text views and tokenizes them with
+the TARGET's tokenizer into a :class:`~ooospec.runtime.hints.HintBank`. The caller gets a :class:`HintRequest`
+at once; its :meth:`~HintRequest.poll` returns the bank when it is ready and None before (and forever after any
+failure). Every step is timed; every failure has a kind (:data:`ErrorKind`) and only costs the hints.
+
+    client = SidecarClient("http://127.0.0.1:8765")
+    req = client.submit(messages, tools, fmt=fmt, tokenizer=target_tokenizer)     # returns at once
+    engine = make_engine(model, [fsm, retrieval, HintDrafter(req), pld], eos_token_ids=[...])
+    result = engine.generate(prompt_ids, 256)
+    req.cancel(); req.stats()        # arrival/submit/sent/response/ready times, bytes, error kind, the call
+
+Bounds: connect timeout, a total deadline for the response (a watchdog closes the socket, so a server that
+trickles bytes cannot hold the thread), and a response size cap (default 1 MB). :func:`launch_sidecar` starts
+the sidecar server as a subprocess (optionally pinned to some cores), waits for ``/health`` and stops it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.hints import HintBank
+from ooospec.runtime.sidecar import join_answers
+
+logger = logging.getLogger(__name__)
+
+ErrorKind = Literal[
+    "connect",        # nothing listening / unreachable / connect timed out
+    "timeout",        # no complete response before the deadline
+    "closed",         # the server closed or reset the connection mid-exchange
+    "http_status",    # a non-200 answer
+    "too_large",      # the response is over max_response_bytes
+    "bad_json",       # the body is not JSON
+    "bad_response",   # JSON, but not a completions response for these prompts
+    "no_call",        # the answers join into no call (e.g. an unknown tool index)
+    "cancelled",      # cancel() before the bank was ready
+    "internal",       # a bug on our side (logged with its traceback)
+]
+
+
+@dataclass
+class RequestStats:
+    """One request's sidecar timeline and outcome. Times are ``time.perf_counter()`` seconds (None: not reached)."""
+
+    arrival_t: float                  # the request's arrival, as given to submit()
+    submit_t: float | None = None     # the background thread starts building the wave
+    sent_t: float | None = None       # the HTTP request is written
+    response_t: float | None = None   # the whole response body is read
+    ready_t: float | None = None      # the hint bank is ready for poll()
+    n_queries: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0           # HTTP body
+    payload_bytes: int = 0            # the answers' text (UTF-8), the semantic payload without protocol
+    build_s: float = 0.0              # this process's own work: wave texts + JSON + join + views + tokenize
+    error: ErrorKind | None = None
+    error_detail: str = ""
+    call: dict | None = None          # the joined call ({"name", "arguments"}), when there is one
+    num_views: int = 0
+    server: dict = field(default_factory=dict)   # the server's "ooospec" object (our server) or {}
+
+    @property
+    def wave_s(self) -> float | None:
+        """Sent -> response read: the sidecar's answer latency as the client sees it."""
+        return None if self.sent_t is None or self.response_t is None else self.response_t - self.sent_t
+
+    @property
+    def ready_s(self) -> float | None:
+        """Arrival -> bank ready."""
+        return None if self.ready_t is None else self.ready_t - self.arrival_t
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "wave_s": self.wave_s, "ready_s": self.ready_s}
+
+
+class _Failure(Exception):
+    def __init__(self, kind: ErrorKind, detail: str):
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+
+class HintRequest:
+    """One request's sidecar wave in flight. ``poll()`` never blocks; see the module docstring."""
+
+    def __init__(self, arrival: float):
+        self._stats = RequestStats(arrival_t=arrival)
+        self._bank: HintBank | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+        self._abort: ErrorKind | None = None
+        self.thread: threading.Thread | None = None
+
+    def poll(self) -> HintBank | None:
+        """The bank once ready, else None (also after any failure). Returns at once."""
+        return self._bank
+
+    @property
+    def done(self) -> bool:
+        """The background work has ended (bank ready or failed)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> HintBank | None:
+        """Block up to ``timeout`` seconds for the outcome (scripts and tests; the engine never calls this)."""
+        self._done.wait(timeout)
+        return self._bank
+
+    def cancel(self) -> None:
+        """Abandon the wave: close its connection now; the bank will not become ready."""
+        self._interrupt("cancelled")
+
+    def stats(self) -> RequestStats:
+        return self._stats
+
+    def _interrupt(self, kind: ErrorKind) -> None:
+        with self._lock:
+            if self._done.is_set() or self._abort is not None:
+                return
+            self._abort = kind
+            conn = self._conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)   # wakes a blocked connect/recv in the worker thread
+            except OSError:
+                pass
+
+    def _set_conn(self, conn: http.client.HTTPConnection | None) -> None:
+        with self._lock:
+            self._conn = conn
+
+
+class SidecarClient:
+    """Sends waves to a sidecar server at ``base_url`` (``http://host:port``; POST ``/v1/completions``).
+
+    Args:
+        base_url: server root, e.g. ``http://127.0.0.1:8765`` (our server) or ``http://127.0.0.1:8000`` (vLLM).
+        model: the served model name (``--lora-modules sidecar=DIR`` on vLLM).
+        max_tokens: per answer (the longest slot answer the wave waits for).
+        connect_timeout: seconds to establish the connection.
+        timeout: seconds from submit to the whole response (then the socket is closed: ``"timeout"``).
+        max_response_bytes: a larger response is dropped (``"too_large"``).
+        with_direct_call: also ask the direct-call query; its call (when valid and different) joins the bank.
+    """
+
+    def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
+                 timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False):
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"sidecar url must be http://host:port, got {base_url!r}")
+        if connect_timeout <= 0 or timeout <= 0 or max_response_bytes < 1 or max_tokens < 1:
+            raise ValueError("connect_timeout, timeout, max_response_bytes and max_tokens must be positive")
+        self.host, self.port = url.hostname, url.port or 80
+        self.path = url.path.rstrip("/") + "/v1/completions"
+        self.model, self.max_tokens = model, max_tokens
+        self.connect_timeout, self.timeout = connect_timeout, timeout
+        self.max_response_bytes = max_response_bytes
+        self.with_direct_call = with_direct_call
+
+    def submit(self, messages: Sequence[Any], tools: Sequence[Any], *, fmt: ModuleType, tokenizer,
+               prior_calls: Sequence[Mapping] = (), arrival: float | None = None) -> HintRequest:
+        """Start the wave for this request in a daemon thread and return at once.
+
+        Args:
+            messages, tools, prior_calls: the request (``prior_calls``: calls already made in this turn).
+            fmt: the target's format module (``runtime/formats``), for the call-syntax view.
+            tokenizer: the TARGET's tokenizer (views are tokenized with it, in the background thread; HF fast
+                tokenizers encode and decode from two threads safely as long as nobody changes their
+                truncation/padding settings meanwhile, so don't call it with ``truncation=``/``padding=``
+                while a wave is in flight).
+            arrival: ``time.perf_counter()`` when the request arrived (default: now); kept in the stats.
+        """
+        req = HintRequest(time.perf_counter() if arrival is None else arrival)
+        req.thread = threading.Thread(target=self._run, args=(req, messages, tools, prior_calls, fmt, tokenizer),
+                                      name="sidecar-wave", daemon=True)
+        req.thread.start()
+        return req
+
+    # -------------------------------------------------------------------------- the background thread
+
+    def _run(self, req: HintRequest, messages, tools, prior_calls, fmt, tokenizer) -> None:
+        st = req._stats
+        st.submit_t = time.perf_counter()
+        watchdog = threading.Timer(self.timeout, req._interrupt, args=("timeout",))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call)
+            st.n_queries = len(wave.queries)
+            body = json.dumps({"model": self.model, "prompt": wave.prompts(), "max_tokens": self.max_tokens,
+                               "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
+            st.request_bytes = len(body)
+            st.build_s += time.perf_counter() - st.submit_t
+            raw = self._post(req, body)
+            t0 = time.perf_counter()
+            answers, server = parse_response(raw, len(wave.queries))
+            st.server = server
+            st.payload_bytes = sum(len(a.encode()) for a in answers)
+            call = join_answers(tools, wave, answers)
+            if call is None:
+                raise _Failure("no_call", "the answers join into no call (function index unusable)")
+            calls = [{"name": call["name"], "arguments": call["arguments"]}]
+            direct = call.get("direct_call")
+            if direct is not None and direct != calls[0]:
+                calls.append(direct)
+            st.call = calls[0]
+            bank = HintBank.from_calls(calls, fmt, tokenizer)
+            st.num_views = len(bank.views)
+            st.build_s += time.perf_counter() - t0
+            with req._lock:
+                if req._abort is not None:
+                    raise _Failure(req._abort, "interrupted before the bank was ready")
+                req._bank = bank
+                st.ready_t = time.perf_counter()
+        except _Failure as e:
+            st.error, st.error_detail = e.kind, e.detail
+        except Exception as e:  # a sidecar bug must never reach the target
+            logger.warning("sidecar wave failed: %r", e, exc_info=True)
+            st.error, st.error_detail = "internal", repr(e)[:300]
+        finally:
+            watchdog.cancel()
+            req._done.set()
+
+    def _post(self, req: HintRequest, body: bytes) -> bytes:
+        """POST the wave; the response body (at most ``max_response_bytes``). Raises :class:`_Failure`."""
+        st = req._stats
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+        req._set_conn(conn)
+        try:
+            try:
+                conn.connect()
+            except OSError as e:
+                raise _Failure(req._abort or "connect", f"{self.host}:{self.port}: {e!r}") from None
+            if req._abort is not None:       # interrupted while connecting
+                raise _Failure(req._abort, "interrupted while connecting")
+            conn.sock.settimeout(self.timeout)
+            try:
+                conn.request("POST", self.path, body=body,
+                             headers={"Content-Type": "application/json", "Accept": "application/json"})
+                st.sent_t = time.perf_counter()
+                resp = conn.getresponse()
+                length = resp.getheader("Content-Length")
+                if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
+                    raise _Failure("too_large", f"Content-Length {length} > {self.max_response_bytes}")
+                chunks, total = [], 0
+                while True:
+                    chunk = resp.read(65536)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > self.max_response_bytes:
+                        raise _Failure("too_large", f"response over {self.max_response_bytes} bytes")
+                    chunks.append(chunk)
+                if req._abort is not None:     # the watchdog or cancel() closed the socket mid-body
+                    raise _Failure(req._abort, f"interrupted after {total} bytes")
+                if length is not None and length.isdigit() and total != int(length):
+                    raise _Failure("closed", f"body ended after {total} of {length} bytes")
+            except _Failure:
+                raise
+            except TimeoutError as e:
+                raise _Failure(req._abort or "timeout", repr(e)) from None
+            except (http.client.HTTPException, OSError) as e:
+                raise _Failure(req._abort or "closed", repr(e)[:300]) from None
+            st.response_t = time.perf_counter()
+            raw = b"".join(chunks)
+            st.response_bytes = len(raw)
+            if resp.status != 200:
+                raise _Failure("http_status", f"HTTP {resp.status}: {raw[:200]!r}")
+            return raw
+        finally:
+            req._set_conn(None)
+            conn.close()
+
+
+def parse_response(raw: bytes, n_prompts: int) -> tuple[list[str], dict]:
+    """``(answers in prompt order, the "ooospec" object or {})`` of a completions response; raises
+    :class:`_Failure` (``bad_json`` / ``bad_response``) when it is not one for ``n_prompts`` prompts."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise _Failure("bad_json", f"{e!r}"[:200]) from None
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list) or len(choices) != n_prompts:
+        raise _Failure("bad_response", f"expected {n_prompts} choices, got "
+                                       f"{len(choices) if isinstance(choices, list) else type(choices).__name__}")
+    answers: list[str | None] = [None] * n_prompts
+    for c in choices:
+        index = c.get("index") if isinstance(c, dict) else None
+        text = c.get("text") if isinstance(c, dict) else None
+        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n_prompts
+                or answers[index] is not None or not isinstance(text, str)):
+            raise _Failure("bad_response", f"bad choice {str(c)[:120]}")
+        answers[index] = text
+    server = obj.get("ooospec")
+    return answers, server if isinstance(server, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------ the server process
+
+
+class SidecarProcess:
+    """A sidecar server subprocess: ``url``, ``stop()``; a context manager that stops it on exit."""
+
+    def __init__(self, popen: subprocess.Popen, url: str, log_path: Path):
+        self.popen, self.url, self.log_path = popen, url, log_path
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (graceful), then SIGKILL after ``timeout`` seconds; returns the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        return self.popen.returncode
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def health(url: str, timeout: float = 1.0) -> dict | None:
+    """``GET url/health`` as JSON ({} for a non-JSON 200), or None when it does not answer 200."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/health")
+        resp = conn.getresponse()
+        body = resp.read(65536)
+        if resp.status != 200:
+            return None
+        try:
+            value = json.loads(body) if body else {}
+        except ValueError:
+            value = {}
+        return value if isinstance(value, dict) else {}
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def start_server(argv: Sequence[str], url: str, *, startup_timeout: float = 300.0,
+                 log_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> SidecarProcess:
+    """Run ``argv`` as a server subprocess and wait until ``url/health`` answers 200.
+
+    Raises RuntimeError (with the log's tail) when the process exits first, TimeoutError after
+    ``startup_timeout`` seconds (the process is stopped either way).
+    """
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="ooospec-sidecar-", suffix=".log")
+        os.close(fd)
+    log_path = Path(log_path)
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=None if env is None else dict(env))
+    proc = SidecarProcess(popen, url, log_path)
+    deadline = time.monotonic() + startup_timeout
+    while True:
+        if popen.poll() is not None:
+            raise RuntimeError(f"sidecar server exited with code {popen.returncode} before answering /health; "
+                               f"log {log_path}:\n{proc.log_tail()}")
+        if health(url) is not None:
+            return proc
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise TimeoutError(f"sidecar server did not answer {url}/health within {startup_timeout:.0f} s; "
+                               f"log {log_path}:\n{proc.log_tail()}")
+        time.sleep(0.1)
+
+
+def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1",
+                   port: int | None = None, threads: int = 1, cpus: Sequence[int] | None = None,
+                   dtype: str = "fp32", startup_timeout: float = 300.0,
+                   log_path: str | os.PathLike | None = None) -> SidecarProcess:
+    """Start ``ooospec sidecar serve`` for ``adapter_dir`` (default: the shipped adapter) as a subprocess.
+
+    Args:
+        port: default a free one.
+        threads: torch threads of the server.
+        cpus: cores to pin the server to (``os.sched_setaffinity`` in the server before it loads anything);
+            None = all cores.
+    Returns:
+        a running :class:`SidecarProcess` (``.url`` for :class:`SidecarClient`; ``.stop()`` or ``with``).
+    """
+    port = free_port(host) if port is None else port
+    argv = [sys.executable, "-m", "ooospec.cli", "sidecar", "serve", "--host", host, "--port", str(port),
+            "--threads", str(threads), "--dtype", dtype]
+    if adapter_dir is not None:
+        argv += ["--adapter", str(adapter_dir)]
+    if cpus:
+        argv += ["--cpus", ",".join(str(c) for c in sorted(cpus))]
+    return start_server(argv, f"http://{host}:{port}", startup_timeout=startup_timeout, log_path=log_path)

@@ -1,0 +1,137 @@
+"""Local servers for the sidecar tests (loopback only, every one stopped by its context manager).
+
+* :func:`running_app` serves an ASGI app (our sidecar app) with uvicorn in a thread.
+* :class:`StandIn` is a stdlib HTTP server that speaks the completions protocol badly on purpose: slow,
+  hanging, closing the connection, invalid JSON, wrong answers, megabytes of output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HANG_S = 20.0      # a hanging stand-in answers nothing for this long (or until it is stopped)
+
+
+@contextlib.contextmanager
+def running_app(app):
+    """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields the base url; stops it on exit."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+class StandIn:
+    """A fake sidecar answering ``POST /v1/completions`` according to ``mode`` (see ``_Handler.answer``).
+
+    ``answers`` maps the number of prompts to the texts a good server returns. ``received`` records
+    ``(time.perf_counter(), request JSON)`` per request.
+    """
+
+    def __init__(self, mode: str, answers: list[str] | None = None):
+        self.mode, self.answers = mode, answers or []
+        self.received: list[tuple[float, dict]] = []
+        self.stop_event = threading.Event()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.standin = self
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+def completion(texts: list[str]) -> dict:
+    return {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "sidecar",
+            "choices": [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._send(200, b'{"status": "ok"}')
+
+    def do_POST(self) -> None:
+        st: StandIn = self.server.standin
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        st.received.append((time.perf_counter(), json.loads(body)))
+        self.answer(st, len(json.loads(body)["prompt"]))
+
+    def _send(self, status: int, body: bytes, length: bool = True) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if length:
+            self.send_header("Content-Length", str(len(body)))
+        else:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def answer(self, st: StandIn, n: int) -> None:
+        good = json.dumps(completion(st.answers)).encode()
+        mode = st.mode
+        if mode == "good":
+            self._send(200, good)
+        elif mode == "slow":
+            st.stop_event.wait(1.0)
+            self._send(200, good)
+        elif mode == "hanging":
+            st.stop_event.wait(HANG_S)
+        elif mode == "close":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+        elif mode == "invalid_json":
+            self._send(200, b'{"choices": [{"index": 0, "text": "0"')
+        elif mode == "wrong_count":
+            self._send(200, json.dumps(completion(st.answers[:-1])).encode())
+        elif mode == "http_500":
+            self._send(500, b'{"error": {"message": "boom"}}')
+        elif mode == "megabytes":                      # announced by Content-Length
+            self._send(200, json.dumps(completion(["x" * (3 << 20)] * n)).encode())
+        elif mode == "megabytes_unannounced":          # no Content-Length: read until close
+            self._send(200, json.dumps(completion(["x" * (3 << 20)] * n)).encode(), length=False)
+            self.close_connection = True
+        elif mode == "trickle":                        # one byte at a time, never finishing in time
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(good)))
+            self.end_headers()
+            for b in good:
+                if st.stop_event.wait(0.2):
+                    return
+                self.wfile.write(bytes([b]))
+                self.wfile.flush()
+        else:
+            raise ValueError(mode)

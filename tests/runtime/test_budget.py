@@ -1,0 +1,147 @@
+"""The budget policy's pure parts on hand-written trees, probabilities and costs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ooospec.runtime.budget import (
+    AcceptanceStats,
+    Proposal,
+    best_size,
+    candidate_tree,
+    choose_nodes,
+    depth_bucket,
+    node_probabilities,
+    outcome,
+    path_nodes,
+    plan_tree,
+    rank_bucket,
+)
+from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.tree import build_tree, subtree
+from ooospec.runtime.verify import Accepted
+
+CHEAP = ForwardCost((1, 2, 3, 4), (1.0, 1.1, 1.2, 1.3))
+STEEP = ForwardCost.linear(0.5)
+DOC = [Proposal("d", 0, (7, 3)), Proposal("d", 1, (5,))]
+
+
+def test_buckets():
+    assert [depth_bucket(d) for d in (1, 2, 3, 4, 5, 8, 9, 40)] == [0, 1, 2, 2, 3, 3, 4, 4]
+    assert [rank_bucket(r) for r in (0, 1, 2, 7)] == [0, 1, 2, 2]
+
+
+def test_docstring_example():
+    tree = candidate_tree(9, DOC, max_depth=16)
+    assert tree.tokens == (9, 7, 3, 5)
+    probs = node_probabilities(tree, DOC, [[0.8, 0.72], [0.3]])
+    assert probs == [1.0, 0.8, 0.72, 0.3]
+    assert choose_nodes(tree, probs, CHEAP, max_nodes=8) == [0, 1, 2, 3]
+    assert choose_nodes(tree, probs, STEEP, max_nodes=8) == [0, 1, 2]
+    assert choose_nodes(tree, probs, CHEAP, max_nodes=1) == [0, 1]         # the cap wins over the rate
+    assert subtree(tree, [0, 1, 2]).tokens == (9, 7, 3)
+
+
+def test_best_size():
+    assert best_size([0.8, 0.72, 0.3], STEEP, 8) == 2
+    assert best_size([0.4, 0.1], STEEP, 8) == 0            # 1.4 / 1.5 < 1: plain decoding is faster
+    assert best_size([0.4, 0.1], ForwardCost.linear(0.0), 8) == 2
+    assert best_size([0.0, 0.0], ForwardCost.linear(0.0), 8) == 0
+    assert best_size([], CHEAP, 8) == 0
+
+
+def test_shared_nodes_take_the_most_probable_proposal():
+    props = [Proposal("a", 0, (7, 3, 1)), Proposal("b", 0, (7, 3, 2))]
+    tree = candidate_tree(9, props, max_depth=16)
+    probs = node_probabilities(tree, props, [[0.5, 0.4, 0.3], [0.9, 0.1, 0.05]])
+    assert probs == [1.0, 0.9, 0.4, 0.3, 0.05]
+
+
+def test_children_are_never_chosen_without_their_parent():
+    props = [Proposal("a", 0, (1, 2, 3, 4)), Proposal("b", 0, (5, 6))]
+    tree = candidate_tree(0, props, max_depth=16)
+    probs = node_probabilities(tree, props, [[0.6, 0.6, 0.6, 0.6], [0.6, 0.5]])  # ties: parents first
+    for k in range(1, 7):
+        kept = choose_nodes(tree, probs, ForwardCost.linear(0.0), max_nodes=k)
+        assert all(tree.parents[i] in kept for i in kept[1:])
+        subtree(tree, kept)                                 # raises if a parent is missing
+
+
+def test_max_depth_cuts_proposals():
+    tree = candidate_tree(0, [Proposal("a", 0, tuple(range(1, 30)))], max_depth=4)
+    assert tree.num_nodes == 5
+
+
+def test_plan_tree_with_learnt_estimates():
+    stats = AcceptanceStats()
+    for _ in range(50):
+        stats.record("good", 0, trials=3, accepted=3)
+        stats.record("bad", 0, trials=1, accepted=0)
+    props = [Proposal("bad", 0, (4, 4, 4)), Proposal("good", 0, (7, 3, 1))]
+    full = candidate_tree(9, props, 16)
+    tree = plan_tree(full, props, stats, STEEP, max_nodes=16, max_depth=16)
+    assert tree.tokens == (9, 7, 3, 1)                       # all of the good drafter, nothing of the bad one
+    assert plan_tree(full, props, stats, STEEP, max_nodes=0, max_depth=16).num_nodes == 1
+
+
+def test_outcome_counts_only_judged_positions():
+    tree = build_tree(9, [[7, 3, 5], [7, 4]], max_nodes=8)
+    bonus = Accepted(path=(0, 1, 4), accepted_tokens=(7, 4), bonus=8)
+    assert outcome(tree, (7, 3, 5), bonus) == (2, 1)         # 7 accepted, 3 rejected, 5 never judged
+    assert outcome(tree, (7, 4), bonus) == (2, 2)
+    assert outcome(tree, (6,), bonus) == (0, 0)              # not in the tree
+    assert outcome(tree, (7, 4, 8), bonus) == (2, 2)         # the 8 was not verified: no trial
+    tie = Accepted(path=(0, 1), accepted_tokens=(7,), bonus=None)
+    assert outcome(tree, (7, 3, 5), tie) == (1, 1)           # stopped at a near-tie after 7: 3 is not judged
+    root_only = Accepted(path=(0,), accepted_tokens=(), bonus=None)
+    assert outcome(tree, (7, 3, 5), root_only) == (0, 0)
+
+
+def test_path_nodes():
+    tree = build_tree(9, [[7, 3]], 2)
+    assert path_nodes(tree, [7, 3, 3]) == [1, 2] and path_nodes(tree, [3]) == []
+
+
+def test_acceptance_stats_prior_request_and_across_requests():
+    stats = AcceptanceStats(request_weight=8.0)
+    assert stats.probability("new-drafter", 0, 1) == 0.5               # any name plugs in: the prior
+    stats.record("pld", 0, trials=2, accepted=1)                        # depth 1 accepted, depth 2 rejected
+    p_all_d1 = (1 + 1) / (1 + 2)
+    assert stats.probability("pld", 0, 1) == pytest.approx((1 + 8 * p_all_d1) / (1 + 8))
+    p_all_d2 = (0 + 2 * p_all_d1) / (1 + 2)                            # its prior: the depth-1 estimate
+    assert stats.probability("pld", 0, 2) == pytest.approx((0 + 8 * p_all_d2) / (1 + 8))
+    stats.start_request()                                               # the request's own counts go
+    assert stats.probability("pld", 0, 1) == pytest.approx(p_all_d1)
+    assert stats.probability("pld", 1, 1) == 0.5                        # other ranks are separate cells
+    assert AcceptanceStats(exploration=0.0).prefix_probs("x", 0, 2) == [0.5, 0.25]
+    explored = stats.plan_probability("pld", 0, 2)
+    assert explored == pytest.approx(p_all_d2 + 0.5 * math.sqrt(p_all_d2 * (1 - p_all_d2) / 2))
+    assert stats.prefix_probs("pld", 0, 2)[1] == pytest.approx(stats.plan_probability("pld", 0, 1) * explored)
+    summary = stats.summary()["pld"]
+    assert summary["trials"] == 2 and summary["accepted"] == 1 and summary["first_token_rate"] == 1.0
+
+
+def test_old_requests_fade():
+    stats = AcceptanceStats(max_trials=100)
+    for _ in range(1000):
+        stats.record("d", 0, trials=1, accepted=0)
+    for _ in range(100):
+        stats.record("d", 0, trials=1, accepted=1)
+    stats.start_request()
+    assert stats.probability("d", 0, 1) > 0.4                 # capped history: the recent successes count
+    assert not math.isnan(stats.summary()["d"]["first_token_rate"])
+
+
+def test_root_near_ties_make_trees_less_attractive():
+    stats = AcceptanceStats()
+    tree = build_tree(9, [[7]], 1)
+    assert stats.root_tie_rate() == pytest.approx(0.05)
+    for _ in range(90):
+        stats.record_step(tree, [], Accepted(path=(0,), accepted_tokens=(), bonus=None))
+    assert stats.root_tie_rate() == pytest.approx(90.5 / 100)
+    stats.record_step(build_tree(9, [], 0), [], Accepted(path=(0,), accepted_tokens=(), bonus=None))
+    assert stats.root_tie_rate() == pytest.approx(90.5 / 100)          # a root-only step never ties
+    assert best_size([0.9, 0.9], CHEAP, 8) == 2
+    assert best_size([0.9, 0.9], CHEAP, 8, p_tie=0.6) == 0                # 0.4 * 2.8 / 1.2 < 1

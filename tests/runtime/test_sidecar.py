@@ -1,0 +1,77 @@
+"""The one-pass wave: every branch equals greedy decoding of its own prompt (tiny float64 models)."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import LayoutMismatch, decode_branches, join_answers, read_metadata
+from tests.runtime.conftest import SLIDING_WINDOW, VOCAB
+
+
+def _greedy_alone(model, prompt, max_new_tokens, eos):
+    """Reference: plain HF greedy decoding of one prompt, cut after the first EOS."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False)[0, len(prompt):].tolist()
+    for i, t in enumerate(out):
+        if t in eos:
+            return out[:i + 1]
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_each_branch_equals_greedy_on_its_own(make_model, family, seed):
+    model = make_model(family)
+    rng = random.Random(seed)
+    block = [rng.randrange(VOCAB) for _ in range(SLIDING_WINDOW + 5)]
+    common = [rng.randrange(VOCAB) for _ in range(2)]
+    queries = [common + [rng.randrange(VOCAB) for _ in range(rng.randint(0, 3))] for _ in range(4)]
+    queries += [[rng.randrange(VOCAB)], list(queries[0])]      # a one-token query and a duplicate
+    queries = [q if q else [7] for q in queries]
+    eos = {rng.randrange(VOCAB) for _ in range(40)}            # some branches stop early, others run to the cap
+    got, stats = decode_branches(model, block, queries, max_new_tokens=9, eos_token_ids=eos)
+    for q, answer in zip(queries, got):
+        assert answer == _greedy_alone(model, block + q, 9, eos), f"query {q}"
+    assert got[0] == got[-1]                                   # the duplicate shares the branch
+    assert stats["block_tokens"] == len(block)
+    assert stats["n_forwards"] <= 9                             # about (longest answer) forwards, not per query
+
+
+def test_branches_share_query_prefixes(make_model):
+    model = make_model("llama")
+    _, stats = decode_branches(model, [1, 2, 3], [[5, 6, 7], [5, 6, 8], [5, 9]], max_new_tokens=1)
+    assert stats["query_tokens"] == 5            # 5,6,7 + 8 + 9: shared prefixes are one node
+    assert stats["n_forwards"] == 1              # max_new_tokens=1: the forest forward gives every first token
+
+
+def test_wave_rejects_empty_inputs(make_model):
+    model = make_model("llama")
+    with pytest.raises(ValueError, match="block is empty"):
+        decode_branches(model, [], [[1]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="at least one token"):
+        decode_branches(model, [1], [[]], max_new_tokens=2)
+
+
+def test_layout_version_is_checked(tmp_path):
+    (tmp_path / "sidecar.json").write_text(json.dumps({"layout_version": sp.LAYOUT_VERSION - 1}))
+    with pytest.raises(LayoutMismatch, match="layout"):
+        read_metadata(tmp_path)
+    (tmp_path / "sidecar.json").write_text(json.dumps({"layout_version": sp.LAYOUT_VERSION, "base": "x"}))
+    assert read_metadata(tmp_path)["base"] == "x"
+    with pytest.raises(FileNotFoundError, match="sidecar.json"):
+        read_metadata(tmp_path / "missing")
+
+
+def test_join_answers_maps_answers_to_their_queries():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "g", "parameters": {"properties": {"c": {"type": "string"}}}}}]
+    wave = sp.build_wave([{"role": "user", "content": "hi"}], tools, with_direct_call=True)
+    answers = {"function_index": "0", ("f", "a"): '"x"', ("f", "b"): '"not an int"', ("g", "c"): '"y"'}
+    texts = [answers.get(q.form) or answers.get((q.function, q.parameter)) or '{"name":"f","arguments":{"b":2}}'
+             for q in wave.queries]
+    call = join_answers(tools, wave, texts)
+    assert call == {"name": "f", "arguments": {"a": "x"}, "direct_call": {"name": "f", "arguments": {"b": 2}}}
