@@ -100,15 +100,9 @@ def make_stop(tokenizer, fmt) -> Callable[[Sequence[int]], bool]:
 
 def eos_ids(model, tokenizer) -> list[int]:
     """Sorted union of the tokenizer's EOS and the model's ``generation_config.eos_token_id`` (int or list)."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
-    if not ids:
-        raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
-    return sorted(ids)
+    from ooospec.runtime.models import eos_token_ids
+
+    return eos_token_ids(model, tokenizer)
 
 
 def method_result(r) -> MethodResult:
@@ -118,6 +112,7 @@ def method_result(r) -> MethodResult:
         tree_sizes=[s.tree_size for s in r.steps], stop_reason=r.stop_reason,
         accepted=[s.accepted for s in r.steps], proposed=[s.proposed_nodes for s in r.steps],
         margins=r.margins, draft_s=sum(s.t_draft for s in r.steps),
+        step_s=[s.t_draft + s.t_forward for s in r.steps],
     )
 
 
@@ -145,24 +140,16 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
     """
     from ooospec.runtime.budget import AcceptanceStats
     from ooospec.runtime.hints import HintDrafter
-    from ooospec.runtime.methods import make_engine
-    from ooospec.runtime.pld import PromptLookupDrafter
-    from ooospec.runtime.retrieval import RetrievalDrafter
-    from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+    from ooospec.runtime.methods import ToolSpecDrafters, make_engine
 
-    retriever = RetrievalDrafter()
-    pld = PromptLookupDrafter()
+    drafter_set = ToolSpecDrafters()
     acceptance = AcceptanceStats()
-    last: list[tuple[list[int], list[int]]] = []  # [(prompt, output)] of the previous request
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
         arrival = time.perf_counter()  # the request arrives: nothing of it was computed before this
         source = hints.start(ctx, arrival) if hints is not None else None
-        fsm = SchemaFSMDrafter(ctx.tokenizer, ctx.fmt, ctx.record["tools"])
-        for prev_prompt, prev_output in last:
-            fsm.observe(prev_prompt, prev_output)
         hint_drafter = HintDrafter(source) if source is not None else None
-        drafters = [fsm] + ([hint_drafter] if hint_drafter else []) + [retriever, pld]
+        drafters = drafter_set.for_request(ctx.tokenizer, ctx.fmt, ctx.record["tools"], hint_drafter)
         engine = make_engine(model, drafters, eos_token_ids=eos_token_ids, acceptance=acceptance, **engine_kwargs)
         try:
             r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop)
@@ -173,7 +160,7 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
         res = method_result(r)
         if hints is not None:
             res.hints = hints.finish(source, hint_drafter, r)
-        last[:] = [(prompt_ids, res.tokens)]
+        drafter_set.observe(prompt_ids, res.tokens)
         return res
 
     return run
@@ -300,7 +287,7 @@ def _row(record_id: str, method: str, prompt_len: int, time_s: float, res: Metho
         "prefill_s": res.prefill_s, "decode_s": res.decode_s, "new_tokens": len(res.tokens),
         "forwards": res.n_forwards, "mat": metrics.mat(len(res.tokens), res.n_forwards),
         "tree_sizes": list(res.tree_sizes), "accepted": res.accepted, "proposed": res.proposed,
-        "stop_reason": res.stop_reason, "overshoot": res.overshoot, "draft_s": res.draft_s,
+        "stop_reason": res.stop_reason, "overshoot": res.overshoot, "draft_s": res.draft_s, "step_s": res.step_s,
         "prefill_flops": metrics.prefill_flops(fp, prompt_len),
         "decode_bytes": metrics.decode_bytes(fp, res.n_forwards, prompt_len, len(res.tokens)),
         "tokens": list(res.tokens), "text": tokenizer.decode(res.tokens, skip_special_tokens=False),
@@ -338,6 +325,7 @@ def run_bench(
     progress: bool = True,
     on_example: Callable[[dict], None] | None = None,
     roofline: dict | None = None,
+    settle: Callable[[], None] | None = None,
 ) -> dict:
     """Run every method on every record (interleaved, fixed order) and return ``{"methods", "examples"}``.
 
@@ -350,6 +338,8 @@ def run_bench(
         warmup: untimed calls per method on the first prompt (at most ``WARMUP_TOKENS`` new tokens each),
             by a throw-away instance.
         on_example: called after each example with the results so far (e.g. to save a partial JSON).
+        settle: called before every timed call, untimed (e.g. wait until a sidecar server has finished a
+            wave that an earlier call cancelled, so that it does not slow the next method down).
         roofline: ``{"peak_flops", "peak_bytes_per_s"}`` of this machine (:func:`ooospec.runtime.hardware.roofline`)
             to give each method's achieved prefill FLOP/s and decode bytes/s as fractions of them.
     """
@@ -374,6 +364,8 @@ def run_bench(
         ctx.record = rec
         rows, ar_margins = {}, None
         for name, fn in methods.items():
+            if settle is not None:
+                settle()
             time_s, res = _timed(fn, prompt, ctx)
             rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer, fp)
             if name == BASELINE:

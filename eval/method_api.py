@@ -28,6 +28,7 @@ class MethodResult:
     margins: list[float] | None = None  # [len(tokens)] top-2 logit margin behind each token (AR only)
     overshoot: int = 0                  # tokens generated past the stop rule and cut off (HF assisted decoding)
     draft_s: float | None = None        # seconds spent drafting (inside decode_s), when the method knows
+    step_s: list[float] | None = None   # [n_forwards] seconds of each step (drafting + forward), when the method knows
     note: str = ""
     hints: dict | None = None           # sidecar / gold hint instrumentation of this request (ooospec methods)
 

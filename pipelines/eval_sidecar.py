@@ -56,7 +56,7 @@ MAX_EXAMPLES = 5
 class EvalSidecarParams:
     """params.yaml section ``eval_sidecar``. Defaults bound the CPU run."""
 
-    max_requests: int = 100  # requests evaluated (seeded choice); 0 = all
+    max_requests: int = 24  # requests evaluated (seeded choice); 0 = all
     max_new_tokens: int = 48  # per answer; an argument value longer than this counts as wrong
     threads: int = 0  # torch threads for the waves (latency is reported at this count); 0 = all cores
     dtype: str = "auto"  # sidecar weights: auto | bf16 | fp32 (auto: see ooospec.runtime.hardware)

@@ -67,7 +67,7 @@ class ExportAdapterParams:
     license: str = "apache-2.0"
     model_name: str = "ooo-spec-sidecar"
     weights_dtype: str = "bf16"  # adapter tensors as exported: bf16 (half the size) | fp32 (bit-exact with training)
-    tags: tuple[str, ...] = ("lora", "peft", "trl", "sft", "tool-calling", "function-calling",
+    tags: tuple[str, ...] = ("lora", "peft", "sft", "tool-calling", "function-calling",
                              "speculative-decoding", "ooo-spec")
 
     def __post_init__(self) -> None:
@@ -159,14 +159,16 @@ def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, me
 # {params.model_name}
 
 A LoRA adapter that turns `{base_id}` into the **semantic sidecar** of OoO-Spec (out-of-order semantic
-speculation for tool calls, arXiv 2608.00814). At request arrival the sidecar answers, in one batched greedy
-wave, which tool is called (`function_index`) and the compact-JSON value of every argument slot of every tool
-(`argument`, `null` when omitted); the runtime joins them into a hint that the target model verifies. The
+speculation for tool calls, arXiv 2608.00814). At request arrival the sidecar answers, in one greedy pass (the
+request's shared block prefilled once, every slot decoded as a branch), which tool is called (`function_index`)
+and the compact-JSON value of every argument slot of every tool (`argument`, `null` when omitted or when that tool
+is not the one called); the runtime joins them into a hint that the target model verifies. The
 adapter only drafts: the target stays the sole verifier, so outputs equal the target's greedy output.
 
 ## Base model
 
-`{base_id}` (loaded as `{recipe['base']}`, weights in {recipe['dtype']}).
+`{base_id}` (loaded as `{recipe['base']}`; frozen weights `{recipe['dtype']}`, bf16 autocast
+`{recipe.get('autocast')}`: bf16 where the CPU/GPU multiplies it natively).
 
 ## Training data
 

@@ -13,6 +13,7 @@ Public API (what ``eval/bench.py`` uses)::
     result.n_forwards    # verification forwards (the prefill is not counted)
     result.steps         # [StepStats(tree_size, accepted, new_tokens, t_draft, t_forward, tie_stop, proposed_nodes)]
     result.prefill_s, result.decode_s, result.stop_reason   # "eos" | "stop" | "max_new_tokens"
+    result.num_cached    # prompt tokens whose KV came from ``cache=`` instead of being prefilled (0 without it)
 
 Which draft nodes a step verifies is the tree policy's choice: ``"budget"`` (default,
 :mod:`ooospec.runtime.budget`) picks the nodes that maximize expected committed tokens per second of forward
@@ -26,6 +27,12 @@ generation ends right after the first token for which it returns True, exactly w
 The loop state: ``tokens`` = prompt + committed output; the KV cache (:class:`~ooospec.runtime.kv_cache.KVCache`)
 holds all of them but the last, which is the root of the next tree. A step with a near-tie stop (see
 :mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token decoding.
+
+Continuing from a cache (``generate(..., cache=kv)``; a session's, :mod:`ooospec.runtime.session`): the cache
+keeps the longest prefix of its token ids that the new prompt starts with and prefills only the rest, so a next
+turn whose prompt extends the last prompt + output costs only its new tokens. Still exact: the reused entries are
+those a full prefill of the same ids at the same positions would compute. On return the cache holds prompt +
+output except the last token, ready for the next turn. Without ``cache`` every call starts from an empty cache.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class GenerationResult:
     decode_s: float
     stop_reason: StopReason
     margins: list[float] | None = None  # [len(tokens)] top-2 margin behind each token
+    num_cached: int = 0                 # prompt tokens whose KV came from the given cache (not prefilled)
 
 
 def merge_candidates(per_drafter: Sequence[Sequence[Sequence[int]]]) -> list[list[int]]:
@@ -199,20 +207,32 @@ class SpecEngine:
         input_ids: Sequence[int],
         max_new_tokens: int,
         stop: Callable[[Sequence[int]], bool] | None = None,
+        *,
+        cache: KVCache | None = None,
     ) -> GenerationResult:
-        """Greedy-decode up to ``max_new_tokens`` tokens after ``input_ids`` (a non-empty list of token ids)."""
+        """Greedy-decode up to ``max_new_tokens`` tokens after ``input_ids`` (a non-empty list of token ids).
+
+        ``cache``: continue from this cache (of this model) instead of an empty one: the longest prefix of its
+        tokens that ``input_ids`` starts with is kept, the rest of the prompt is prefilled (see the module
+        docstring). On return it holds ``input_ids + tokens[:-1]``.
+        """
         prompt = [int(t) for t in input_ids]
         if not prompt:
             raise ValueError("input_ids is empty; the engine needs at least one prompt token")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if cache is not None and cache.model is not self.model:
+            raise ValueError("cache belongs to another model; a KV cache is only valid for the model that filled it")
 
         if self.drafters and self.policy == "budget" and self.cost is None:
             self.cost = forward_cost(self.model)   # measured once per model/dtype/threads, before the clock starts
         self.acceptance.start_request()
         t_start = time.perf_counter()
-        self.kv.reset()
-        self.kv.prefill(prompt[:-1])
+        kv = self.kv if cache is None else cache
+        if cache is None:
+            kv.reset()
+        num_cached = kv.keep_prefix_of(prompt[:-1])
+        kv.prefill(prompt[num_cached:-1])
         t_prefilled = time.perf_counter()
 
         tokens, generated = list(prompt), []
@@ -226,10 +246,10 @@ class SpecEngine:
                 proposals = self.propose(DraftContext(tuple(tokens), len(prompt), len(steps)))
             tree, proposed = self.plan(tokens[-1], proposals)
             t1 = time.perf_counter()
-            logits = self.kv.forward_tree(tree)
+            logits = kv.forward_tree(tree)
             acc = accept_greedy(tree, logits, self.tie_margin, with_margins=self.record_margins)
             t2 = time.perf_counter()
-            self.kv.commit(acc.kept_nodes)
+            kv.commit(acc.kept_nodes)
             self.acceptance.record_step(tree, proposals, acc)
             one_token_next = acc.bonus is None
 
@@ -245,6 +265,7 @@ class SpecEngine:
                     break
             steps.append(StepStats(tree.num_nodes, len(acc.accepted_tokens), num_new, t1 - t0, t2 - t1,
                                    one_token_next, proposed))
+        kv.truncate(len(tokens) - 1)   # drop accepted entries past a stop: the cache ends where the output does
         t_end = time.perf_counter()
 
         for drafter in self.drafters:
@@ -262,4 +283,5 @@ class SpecEngine:
             decode_s=t_end - t_prefilled,
             stop_reason=reason,
             margins=margins,
+            num_cached=num_cached,
         )

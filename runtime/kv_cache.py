@@ -21,7 +21,11 @@ The cache is a plain ``DynamicCache()`` (no config), so every layer is a ``Dynam
 ``[1, kv_heads, length, head_dim]`` for *all* past positions, sliding layers included; the sliding window is
 enforced by the mask, which keeps compaction a plain index operation on every layer.
 Between steps the cache holds exactly the committed tokens except the last one (the next tree root), so
-``length == len(committed) - 1``.
+``length == len(committed) - 1``. ``tokens`` keeps the id of every committed entry, so a cache says which token
+prefix it holds: a later request whose prompt starts with those ids continues from it (:meth:`keep_prefix_of`
+drops what differs, :meth:`truncate` cuts back to a length), and :meth:`snapshot` / :meth:`load` copy a prefix
+out and back in (a conversation's session, the shared system + tools block, :mod:`ooospec.runtime.session`).
+Cutting is a plain slice on every layer, sliding layers included, for the same reason compaction is.
 
 One step::
 
@@ -29,11 +33,17 @@ One step::
     kv.prefill(prompt[:-1])                  # length = P - 1
     logits = kv.forward_tree(tree)           # [N, vocab]; cache now has length + N entries (pending)
     kv.commit(accepted.kept_nodes)           # keep the accepted root path, drop the rest: O(layers) ops
+
+Continuing a conversation::
+
+    kept = kv.keep_prefix_of(new_prompt[:-1])   # e.g. 812 of 812 cached entries still match the new prompt
+    kv.prefill(new_prompt[kept:-1])             # only the new tokens
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -68,6 +78,28 @@ def attention_windows(config) -> dict[str | None, int | None]:
     return windows
 
 
+@dataclass(frozen=True)
+class KVSnapshot:
+    """A copy of the first ``len(tokens)`` entries of a cache: per layer ``(keys, values)``, each
+    ``[1, kv_heads, len(tokens), head_dim]``; made by :meth:`KVCache.snapshot`, restored by :meth:`KVCache.load`."""
+
+    tokens: tuple[int, ...]
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: ``common_prefix_len([1, 2, 3], [1, 2, 4, 5]) -> 2``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 class KVCache:
     """KV cache of one sequence (batch 1) for tree verification. See the module docstring."""
 
@@ -83,6 +115,8 @@ class KVCache:
         self.cache = DynamicCache()
         self.length = 0      # committed entries
         self.pending = 0     # entries appended by the last forward_tree, awaiting commit()
+        self.tokens: list[int] = []              # [length] the token id of each committed entry, in cache order
+        self._pending_tokens: list[int] = []     # [pending]
 
     @property
     def device(self) -> torch.device:
@@ -91,6 +125,61 @@ class KVCache:
     def reset(self) -> None:
         self.cache = DynamicCache()
         self.length = self.pending = 0
+        self.tokens, self._pending_tokens = [], []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the keys and values of every layer."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers if layer.is_initialized)
+
+    def _require_committed(self, what: str) -> None:
+        if self.pending:
+            raise RuntimeError(f"{what}() called with an uncommitted forward; call commit() first")
+
+    @torch.inference_mode()
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` committed entries (``0 <= length <= self.length``); a slice per layer."""
+        self._require_committed("truncate")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} entries to {length}")
+        if length == self.length:
+            return
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+        self.length = length
+        del self.tokens[length:]
+
+    def keep_prefix_of(self, tokens: Sequence[int]) -> int:
+        """Keep the longest cached prefix that ``tokens`` start with, drop the rest; returns its length.
+
+        Cached ``[5, 6, 7, 8]`` and ``tokens = [5, 6, 9]`` keep ``[5, 6]`` and return 2: entries computed for the
+        same ids at the same positions over the same prefix are exactly what a prefill of ``tokens`` computes.
+        """
+        kept = common_prefix_len(self.tokens, tokens)
+        self.truncate(kept)
+        return kept
+
+    @torch.inference_mode()
+    def snapshot(self, length: int | None = None) -> KVSnapshot:
+        """A copy of the first ``length`` (default all) committed entries."""
+        self._require_committed("snapshot")
+        length = self.length if length is None else length
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot snapshot {length} entries of a cache of {self.length}")
+        layers = tuple((layer.keys[:, :, :length].clone(), layer.values[:, :, :length].clone())
+                       for layer in self.cache.layers if layer.is_initialized)
+        return KVSnapshot(tuple(self.tokens[:length]), layers)
+
+    @torch.inference_mode()
+    def load(self, snap: KVSnapshot) -> None:
+        """Replace the contents with a copy of ``snap`` (the snapshot stays usable for other caches)."""
+        self.reset()
+        for i, (keys, values) in enumerate(snap.layers):
+            self.cache.update(keys.clone(), values.clone(), i)
+        self.length = len(snap.tokens)
+        self.tokens = list(snap.tokens)
 
     def _masks(self, build: Callable[[int | None], torch.Tensor | None]):
         if None in self.windows:
@@ -112,8 +201,7 @@ class KVCache:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Append a chain of committed tokens (normally ``prompt[:-1]``); computes no logits worth keeping."""
-        if self.pending:
-            raise RuntimeError("prefill() called with an uncommitted tree forward; call commit() first")
+        self._require_committed("prefill")
         if not tokens:
             return
         q, dtype, dev, length = len(tokens), self.model.dtype, self.device, self.length
@@ -128,6 +216,7 @@ class KVCache:
         pos = torch.arange(self.length, self.length + q, device=dev).unsqueeze(0)
         self._forward(ids, pos, masks, logits_to_keep=1)   # skip the lm_head on all but one row
         self.length += q
+        self.tokens.extend(int(t) for t in tokens)
 
     def forward_tree(self, tree: DraftTree) -> torch.Tensor:
         """Run the target over every tree node on top of the cache. Returns logits ``[N, vocab]``.
@@ -149,6 +238,7 @@ class KVCache:
         ids = torch.tensor([tree.tokens], dtype=torch.long, device=dev)
         logits = self._forward(ids, tree_positions(tree, self.length, dev), masks, logits_to_keep=0)
         self.pending = tree.num_nodes
+        self._pending_tokens = list(tree.tokens)
         return logits
 
     def forward_masked(self, tokens: Sequence[int], positions: torch.Tensor, visible: torch.Tensor,
@@ -177,6 +267,7 @@ class KVCache:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
         logits = self._forward(ids, positions.unsqueeze(0), self._masks(build), logits_to_keep=0)
         self.pending = q
+        self._pending_tokens = [int(t) for t in tokens]
         return logits
 
     @torch.inference_mode()  # the cache tensors are inference tensors; in-place writes need the same mode
@@ -200,4 +291,5 @@ class KVCache:
                 layer.values[:, :, start:end] = layer.values.index_select(2, idx)
             layer.keys = layer.keys[:, :, :end]
             layer.values = layer.values[:, :, :end]
-        self.length, self.pending = end, 0
+        self.tokens.extend(self._pending_tokens[i] for i in kept_nodes)
+        self.length, self.pending, self._pending_tokens = end, 0, []

@@ -193,6 +193,7 @@ class CallScore(TypedDict):
 
 
 _BFCL_DROP = re.compile(r"[ ,./\-_*^]")
+_JAVA_NUMBER = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)[lLfFdD]")   # Java's typed literals: 42L, 1.5f
 
 
 def _bfcl_str(s: str) -> str:
@@ -219,8 +220,9 @@ def _same_value(a: Any, b: Any) -> bool:
 def _allowed_value(value: Any, allowed: Any) -> bool:
     """``value`` matches one BFCL allowed value (an object's allowed value holds allowed lists per key)."""
     if isinstance(value, str) and not isinstance(allowed, str):
-        try:
-            value = json.loads(value)      # "true" for True, "3" for 3: Java/JavaScript arguments are strings
+        java_number = _JAVA_NUMBER.fullmatch(value.strip())
+        try:   # "true" for True, "3" or "3L" for 3: BFCL's Java/JavaScript arguments are strings
+            value = json.loads(java_number.group(1) if java_number else value)
         except ValueError:
             return False
     if isinstance(allowed, dict):
@@ -256,8 +258,9 @@ def score_call(predicted: Sequence[Mapping], gold: Sequence[Mapping],
     when the benchmark lists ``allowed`` values (BFCL's ``meta.allowed``: ``[{name: {param: [values]}}]``), every
     argument takes one of its allowed values and every parameter left out lists ``""`` (BFCL: optional). Allowed
     strings compare after BFCL's standardization (lowercase; spaces and ``, . / - _ * ^`` removed), and a string
-    holding the JSON of an allowed value matches it (``"true"`` for ``True``: BFCL's Java and JavaScript tools
-    take every argument as a string).
+    holding the JSON of an allowed value matches it (``"true"`` for ``True``, also ``"42L"`` for ``42``: BFCL's
+    Java and JavaScript tools take every argument as a string). Java collection literals (``new ArrayList<>(...)``)
+    are not parsed; they count when they equal the gold call's text.
 
     >>> score_call([{"name": "area", "arguments": {"base": 10}}], [{"name": "area", "arguments": {"base": 10}}])
     {'parsed': True, 'name': True, 'call': True}

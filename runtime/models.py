@@ -16,7 +16,7 @@ from typing import Literal
 
 from ooospec.runtime.fetch import REGISTRY, fetch
 
-__all__ = ["REGISTRY", "fetch", "load_target"]
+__all__ = ["REGISTRY", "eos_token_ids", "fetch", "load_target"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,3 +68,19 @@ def load_target(
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
     logger.info("loaded %s (%s) in %.1fs", name_or_path, dtype, time.perf_counter() - t0)
     return model.eval(), tok
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Sorted union of the tokenizer's EOS and the model's ``generation_config.eos_token_id`` (int or list).
+
+    Raises ValueError when neither defines one (generation would only stop at its token cap).
+    """
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
+    return sorted(ids)

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,19 @@ class WaveResult:
         return self.prefill_s + self.decode_s
 
 
+class WaveCancelled(Exception):
+    """The caller gave up on the wave (e.g. the client disconnected): decoding stopped early."""
+
+
 def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
-                    max_new_tokens: int, eos_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], dict]:
+                    max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], dict]:
     """Greedy answers of ``block + query_i`` for every i, sharing the block's prefill. Returns ``(tokens, stats)``.
 
     ``tokens[i]`` equals greedy decoding of ``block_ids + query_ids[i]`` alone, cut after the first EOS or at
     ``max_new_tokens``. Identical queries share a branch; queries sharing a prefix share its nodes.
+    ``should_stop`` is polled before every forward; when it returns True the wave raises :class:`WaveCancelled`
+    (a server stops computing for a client that went away).
     """
     if not block_ids:
         raise ValueError("the shared block is empty")
@@ -108,6 +115,8 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
             node, level = child, children[child]
         leaves.append(node)
     n = len(tokens)
+    if should_stop is not None and should_stop():
+        raise WaveCancelled("wave cancelled after the prefill")
     visible = torch.zeros(n, n_block + n, dtype=torch.bool)
     visible[:, :n_block] = True
     for i in range(n):
@@ -144,6 +153,8 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
 
     live = [b for b in range(len(out)) if not done(b)]
     while live:
+        if should_stop is not None and should_stop():
+            raise WaveCancelled(f"wave cancelled after {n_forwards} forwards")
         q = len(live)
         length = kv.length
         visible = torch.zeros(q, length + q, dtype=torch.bool)

@@ -66,7 +66,7 @@ class RequestStats:
 
     arrival_t: float                  # the request's arrival, as given to submit()
     submit_t: float | None = None     # the background thread starts building the wave
-    sent_t: float | None = None       # the HTTP request is written
+    sent_t: float | None = None       # writing the HTTP request begins
     response_t: float | None = None   # the whole response body is read
     ready_t: float | None = None      # the hint bank is ready for poll()
     n_queries: int = 0
@@ -255,9 +255,9 @@ class SidecarClient:
                 raise _Failure(req._abort, "interrupted while connecting")
             conn.sock.settimeout(self.timeout)
             try:
+                st.sent_t = time.perf_counter()    # before the write: the server may read it before we return
                 conn.request("POST", self.path, body=body,
                              headers={"Content-Type": "application/json", "Accept": "application/json"})
-                st.sent_t = time.perf_counter()
                 resp = conn.getresponse()
                 length = resp.getheader("Content-Length")
                 if length is not None and length.isdigit() and int(length) > self.max_response_bytes:

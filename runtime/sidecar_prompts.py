@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ooospec.runtime import schemas
+from ooospec.runtime.formats.common import first_value
 
 Form = Literal["function_index", "argument", "direct_call"]
 FORMS: tuple[Form, ...] = ("function_index", "argument", "direct_call")
@@ -70,7 +71,6 @@ LAYOUT_VERSION = 2              # bump on any change of the texts below; adapter
 MAX_CONTEXT_CHARS = 3000        # conversation view budget (characters, after whitespace collapsing)
 MAX_DESCRIPTION_CHARS = 120     # per tool / parameter description
 MAX_ENUM_VALUES = 12            # enum values shown in a type view, then "|..."
-MAX_ANSWER_DEPTH = 64           # JSON nesting accepted in an answer (deeper: unusable answer, ValueError)
 
 INDEX_QUERY = "Query: tool index\n"
 CALL_QUERY = "Query: call\n"
@@ -86,60 +86,16 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):   # 1e999 overflows to inf: not representable as JSON
-        raise ValueError(f"{text} overflows a float")
-    return value
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-
-
-def _depth_ok(text: str, limit: int) -> bool:
-    """True when brackets outside strings nest at most ``limit`` deep (linear scan, no recursion)."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
-
-
 def first_json(text: str) -> Any:
     """The first JSON value at the start of ``text`` (leading whitespace and trailing text ignored).
 
-    Raises ValueError when there is none, when it holds NaN/Infinity, or nests deeper than
-    :data:`MAX_ANSWER_DEPTH`.
+    Raises ValueError when there is none, when it holds NaN / Infinity / an overflowing number, or nests deeper
+    than :data:`~ooospec.runtime.formats.common.MAX_DEPTH` (the formats' one bounded JSON reader).
     """
-    stripped = text.lstrip()
-    if not _depth_ok(stripped, MAX_ANSWER_DEPTH):
-        raise ValueError(f"sidecar answer nests deeper than {MAX_ANSWER_DEPTH}: {text[:80]!r}")
     try:
-        value, _ = _DECODER.raw_decode(stripped)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"sidecar answer is not a JSON value: {text[:80]!r} ({e.msg})") from None
-    except ValueError as e:   # NaN / Infinity / an overflowing number
+        return first_value(text)
+    except ValueError as e:
         raise ValueError(f"sidecar answer is not a JSON value: {text[:80]!r} ({e})") from None
-    except RecursionError:
-        raise ValueError(f"sidecar answer nests too deep: {text[:80]!r}") from None
-    return value
 
 
 # ---------------------------------------------------------------- tool access (tolerant of malformed schemas)

@@ -198,21 +198,36 @@ def scan_json_values(text: str) -> list[Any]:
     return values
 
 
-def loads(text: str) -> Any:
-    """``json.loads`` in bounded depth: the one JSON value that ``text`` holds (whitespace around it allowed).
+def first_value(text: str) -> Any:
+    """The JSON value at the start of ``text`` (leading whitespace skipped, any text after it ignored), in
+    bounded depth. Raises ValueError when there is none, it holds NaN / Infinity / an overflowing number, or it
+    nests deeper than :data:`MAX_DEPTH` (never RecursionError).
 
-    Raises ValueError when it is not exactly one JSON value, holds NaN / Infinity, or nests deeper than
-    :data:`MAX_DEPTH` (never RecursionError).
+    >>> first_value(' {"a": [1, 2]} and more')
+    {'a': [1, 2]}
     """
+    return _first(text)[0]
+
+
+def _first(text: str) -> tuple[Any, int]:
     start = _WS.match(text).end()
     if start < len(text) and text[start] in "{[":
         end, _ = _scan(text, start, {}, set())
         if end is None:
             raise ValueError(f"not a JSON value within depth {MAX_DEPTH}: {text[start:start + 80]!r}")
     try:
-        value, end = _DECODER.raw_decode(text, start)
+        return _DECODER.raw_decode(text, start)
     except RecursionError:
         raise ValueError(f"JSON nests too deep: {text[start:start + 80]!r}") from None
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` in bounded depth: the one JSON value that ``text`` holds (whitespace around it allowed).
+
+    Raises ValueError when it is not exactly one JSON value, holds NaN / Infinity, or nests deeper than
+    :data:`MAX_DEPTH` (never RecursionError).
+    """
+    value, end = _first(text)
     if _WS.match(text, end).end() != len(text):
         raise ValueError(f"extra text after the JSON value: {text[end:end + 80]!r}")
     return value

@@ -42,23 +42,21 @@ while a wave runs.
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime.sidecar import Sidecar, decode_branches
+from ooospec.runtime.serve.http import RequestError, error_response, is_loopback, read_request
+from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +91,6 @@ class CompletionRequest(BaseModel):
     echo: bool = False
     logprobs: int | None = None
     add_special_tokens: bool = True     # vLLM's extension; the client sends False (prompts as in training)
-
-
-class RequestError(Exception):
-    """A request this server refuses: ``status`` and an OpenAI-style message."""
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -187,11 +177,13 @@ def finish_text(text: str, tokens: Sequence[int], eos_token_ids: Sequence[int],
 
 
 def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop: Sequence[str] = (),
-             add_special_tokens: bool = True, limits: Limits = Limits()) -> dict:
+             add_special_tokens: bool = True, limits: Limits = Limits(),
+             should_stop: Callable[[], bool] | None = None) -> dict:
     """Greedy completions of ``prompts``: ``{"choices", "usage", "ooospec"}`` (no id/model; see :func:`create_app`).
 
     Each choice's text equals greedy decoding of its prompt alone, cut after EOS, at ``max_tokens`` or at the
-    first stop string.
+    first stop string. ``should_stop`` (polled before every forward) abandons the work with
+    :class:`~ooospec.runtime.sidecar.WaveCancelled`.
     """
     tok = sidecar.tokenizer
     t0 = time.perf_counter()
@@ -206,7 +198,8 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
     out: list[list[int]] = [[] for _ in prompts]
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0}
     for g in groups:
-        toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos)
+        toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos,
+                                   should_stop=should_stop)
         for i, t in zip(g.members, toks):
             out[i] = t
         for k in stats:
@@ -249,28 +242,6 @@ def check_request(req: CompletionRequest, served: str, limits: Limits) -> tuple[
 # ------------------------------------------------------------------------------------------ the app
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise RequestError(400, f"bad Content-Length {length[:20]!r}")
-        if int(length) > limit:
-            raise RequestError(413, f"request body of {int(length)} bytes is over the limit of {limit}")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise RequestError(413, f"request body over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits = Limits()) -> FastAPI:
     """The FastAPI app serving ``sidecar`` (any object with ``model``, ``tokenizer``, ``eos_token_ids``)."""
     app = FastAPI(title="ooo-spec sidecar", docs_url=None, redoc_url=None)
@@ -291,17 +262,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     async def completions(request: Request):
         t_arrival = time.perf_counter()
         try:
-            body = await _read_body(request, limits.max_body_bytes)
-            try:
-                raw: Any = json.loads(body)
-            except (ValueError, RecursionError):
-                raise RequestError(400, "request body is not valid JSON") from None
-            try:
-                req = CompletionRequest.model_validate(raw)
-            except ValidationError as e:
-                first = e.errors()[0]
-                raise RequestError(400, f"invalid request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
-                                   str(first["loc"][0]) if first["loc"] else None) from None
+            req = await read_request(request, CompletionRequest, limits.max_body_bytes)
             prompts, stops = check_request(req, model_name, limits)
             if state["waiting"] >= limits.max_waiting:
                 raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
@@ -313,31 +274,45 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
                     queued = False
                     state["running"] += 1
                     t_start = time.perf_counter()
+                    gone = threading.Event()   # the client disconnected: stop computing its wave
+
+                    async def watch() -> None:
+                        while not gone.is_set():
+                            if await request.is_disconnected():
+                                gone.set()
+                                return
+                            await anyio.sleep(0.05)
+
+                    failure: Exception | None = None
                     try:
-                        result = await anyio.to_thread.run_sync(
-                            lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
-                                             add_special_tokens=req.add_special_tokens, limits=limits))
+                        async with anyio.create_task_group() as tg:   # the watcher ends once `gone` is set
+                            tg.start_soon(watch)
+                            try:
+                                result = await anyio.to_thread.run_sync(
+                                    lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
+                                                     add_special_tokens=req.add_special_tokens, limits=limits,
+                                                     should_stop=gone.is_set))
+                            except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group
+                                failure = e
+                            finally:
+                                gone.set()
+                        if failure is not None:
+                            raise failure
+                    except WaveCancelled:
+                        state["cancelled"] = state.get("cancelled", 0) + 1
+                        raise RequestError(499, "the client closed the request; its wave was abandoned") from None
                     finally:
                         state["running"] -= 1
             finally:
                 if queued:       # cancelled while waiting (the client went away)
                     state["waiting"] -= 1
         except RequestError as e:
-            return _error(e.status, e.message, e.param)
+            return error_response(e.status, e.message, e.param)
         result["ooospec"]["queue_s"] = t_start - t_arrival
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name, **result}
 
     return app
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,

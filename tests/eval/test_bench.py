@@ -322,10 +322,9 @@ def test_ooospec_gold_hints_are_exact_used_and_reported(target):
 
 @pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
 def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
-    from tests.runtime.sidecar_servers import StandIn
-
     from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
     from ooospec.runtime.sidecar_client import SidecarClient
+    from tests.runtime.sidecar_servers import StandIn
 
     model, tok = target
     with StandIn(mode) as server:

@@ -75,3 +75,18 @@ def test_join_answers_maps_answers_to_their_queries():
              for q in wave.queries]
     call = join_answers(tools, wave, texts)
     assert call == {"name": "f", "arguments": {"a": "x"}, "direct_call": {"name": "f", "arguments": {"b": 2}}}
+
+
+def test_a_cancelled_wave_stops_computing(make_model):
+    from ooospec.runtime.sidecar import WaveCancelled
+
+    model = make_model("llama")
+    polls = []
+
+    def stop_after_two() -> bool:
+        polls.append(1)
+        return len(polls) > 2
+
+    with pytest.raises(WaveCancelled, match="after 2 forwards"):
+        decode_branches(model, [1, 2, 3], [[5], [6]], max_new_tokens=50, eos_token_ids=(), should_stop=stop_after_two)
+    assert len(polls) == 3     # polled before each forward: the forest forward, one branch step, then stopped

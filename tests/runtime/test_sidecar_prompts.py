@@ -136,7 +136,7 @@ def test_join_slots_validates_values_against_the_schema_and_rejects_nan():
     answers = {("get_weather", "city"): "3", ("get_weather", "unit"): '"kelvin"'}
     assert sp.join_slots(TOOLS, "0", answers) == {"name": "get_weather", "arguments": {}}
     assert sp.join_slots(TOOLS, "0", {("get_weather", "city"): "NaN"})["arguments"] == {}
-    with pytest.raises(ValueError, match="deeper"):
+    with pytest.raises(ValueError, match="within depth"):
         sp.parse_argument_value("[" * 100_000)
     direct = '{"name":"get_time","arguments":{"tz":"UTC","bogus":1}}'
     assert sp.join_slots(TOOLS, "1", {}, direct)["direct_call"] == {"name": "get_time", "arguments": {"tz": "UTC"}}

@@ -1,0 +1,422 @@
+"""``ooospec agent-bench``: replay multi-step tool dialogues; stateless turns vs KV sessions vs speculative tools.
+
+Run as::
+
+    ooospec agent-bench --target qwen2.5-coder-0.5b --datasets apibank-l3,toolalpaca-real,toolalpaca-sim \\
+        --limit 7 [--latencies 0,0.5,2] [--method toolspec] [--speculator gold|sidecar] [--sidecar-url URL] \\
+        [--max-new-tokens 128] [--out results/agent_bench_<target>.json]
+
+Dialogues (:func:`load_dialogues`; ``--limit N`` = the first N dialogues by id of each dataset that have at least
+``--min-steps`` calls):
+
+* API-Bank level 3 (``apibank-l3``): the records of one ``meta.sample`` in ``meta.step`` order. The first
+  record's messages start the dialogue; record k's gold call is step k's call and its tools are step k's tools
+  (ToolSearcher reveals tools, so the tools block grows); the response recorded for step k is the tool message
+  record k+1 appends. The last step has no recorded response: :data:`STUB_RESPONSE` answers it.
+* ToolAlpaca (``toolalpaca-real``, ``toolalpaca-sim``): one record per dialogue, its steps in ``meta.steps`` (up to
+  the first step whose arguments could not be recovered). ToolAlpaca records no tool responses: every call gets
+  :data:`STUB_RESPONSE`.
+
+Replay (:func:`replay`, the agent loop of :mod:`ooospec.runtime.agent`): from the dialogue's first messages the
+target decodes a turn; when it calls a tool, the tool answers -- after the simulated latency (a sleep: no CPU) --
+with the recorded response of the current step, whatever the arguments (a call whose arguments do not validate
+against the tool's schema gets the error result at once); the target's own call and that response join the
+conversation; the loop ends when the target answers without a call, or after ``steps + 1`` turns (the last one
+is the final answer). Every variant sees the same conversation, so their tokens must be equal (``exact``).
+
+Variants, each with its own state (drafter history, sessions), run one after the other per dialogue:
+
+================  =======================================================================================
+``stateless``     every turn prefills the whole conversation; the tool runs after the call (today)
+``sessions``      KV sessions + the prefix cache (:mod:`ooospec.runtime.session`); the tool runs after the call
+``speculative``   sessions + speculative tool execution: at each turn's arrival the speculator guesses the call;
+                  the tool starts as soon as the guess is ready and a key hit serves its result
+                  (:class:`~ooospec.runtime.tools.SpeculativeTools`; every replayed tool is side-effect free)
+================  =======================================================================================
+
+Speculators: ``gold`` -- the step's recorded call, ready at arrival (the ceiling of what a sidecar can give;
+a hit needs the target to make exactly that call); ``sidecar`` -- the sidecar's joined call (``--sidecar-url``, or
+the shipped adapter started for the run). With ``--method ooospec`` the same guess also drafts tokens in every
+variant (so decoding is the same across variants and only the tool speculation differs); ``--method ooospec
+--speculator gold`` drafts from the recorded call (the ceiling).
+
+Reported per latency and variant: mean wall time per dialogue, time saved against ``stateless`` (of the summed
+wall time), prompt tokens prefilled and the share saved, the speculation hit rate (hits / calls), exactness.
+The JSON (``--out``) keeps every turn; the markdown table is printed and written next to it (``.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ooospec.pipelines.records import iter_jsonl, write_json
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = ("stateless", "sessions", "speculative")
+STUB_RESPONSE = '{"status": "success"}'
+DEFAULT_DATASETS = "apibank-l3,toolalpaca-real,toolalpaca-sim"
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass(frozen=True)
+class Dialogue:
+    """A recorded multi-step dialogue: its start, and per step the tools shown, the gold call and the response."""
+
+    id: str
+    messages: list[dict]
+    tools: list[list[dict]]        # [steps] the tools shown at each step
+    calls: list[dict]              # [steps] the recorded call of each step
+    responses: list[str]           # [steps] the recorded (or stub) response to each step's call
+
+    @property
+    def steps(self) -> int:
+        return len(self.calls)
+
+
+def _apibank_dialogues(records: list[dict], path: Path) -> list[Dialogue]:
+    by_sample: dict[str, list[dict]] = defaultdict(list)
+    for rec in records:
+        meta = rec.get("meta") or {}
+        if "sample" not in meta or "step" not in meta:
+            raise ValueError(f"{path}: record {rec['id']!r} has no meta.sample / meta.step (not API-Bank level 3?)")
+        by_sample[meta["sample"]].append(rec)
+    dialogues = []
+    for sample, recs in sorted(by_sample.items()):
+        recs.sort(key=lambda r: r["meta"]["step"])
+        steps = [recs[0]]
+        for prev, rec in itertools.pairwise(recs):
+            n = len(prev["messages"])
+            if rec["meta"]["step"] != prev["meta"]["step"] + 1 or rec["messages"][:n] != prev["messages"] \
+                    or [m["role"] for m in rec["messages"][n:]] != ["assistant", "tool"]:
+                logger.warning("%s: dialogue %s stops at step %s (the next record does not extend it)",
+                               path, sample, prev["meta"]["step"])
+                break
+            steps.append(rec)
+        responses = [rec["messages"][-1]["content"] for rec in steps[1:]] + [STUB_RESPONSE]
+        dialogues.append(Dialogue(sample, steps[0]["messages"], [r["tools"] for r in steps],
+                                  [r["calls"][0] for r in steps], responses))
+    return dialogues
+
+
+def _toolalpaca_dialogues(records: list[dict]) -> list[Dialogue]:
+    dialogues = []
+    for rec in sorted(records, key=lambda r: r["id"]):
+        calls = []
+        for step in (rec.get("meta") or {}).get("steps") or rec["calls"]:
+            if not isinstance(step.get("arguments"), dict):
+                break          # arguments not recoverable (a placeholder): the replay stops before it
+            calls.append({"name": step["name"], "arguments": step["arguments"]})
+        if calls:
+            dialogues.append(Dialogue(rec["id"], rec["messages"], [rec["tools"]] * len(calls), calls,
+                                      [STUB_RESPONSE] * len(calls)))
+    return dialogues
+
+
+def load_dialogues(path: Path, limit: int | None = None, min_steps: int = 2) -> list[Dialogue]:
+    """The dialogues of a JSONL file of API-Bank level-3 or ToolAlpaca records (by ``source``), sorted by id;
+    those with at least ``min_steps`` calls; the first ``limit`` of them."""
+    records = [rec for _, rec in iter_jsonl(path)]
+    sources = {rec.get("source") for rec in records}
+    if sources == {"apibank"}:
+        dialogues = _apibank_dialogues(records, path)
+    elif sources == {"toolalpaca"}:
+        dialogues = _toolalpaca_dialogues(records)
+    else:
+        raise ValueError(f"{path}: agent-bench replays API-Bank level-3 or ToolAlpaca records, got sources "
+                         f"{sorted(map(str, sources))}")
+    dialogues = [d for d in dialogues if d.steps >= min_steps]
+    return dialogues[:limit] if limit is not None else dialogues
+
+
+# ----------------------------------------------------------------------------------------------- replay
+
+
+class ReplayTools:
+    """Every tool of a dialogue, answering with the current step's recorded response after ``latency_s``."""
+
+    def __init__(self, dialogue: Dialogue, latency_s: float):
+        from ooospec.runtime.tools import ToolRegistry
+
+        self.dialogue, self.latency_s = dialogue, latency_s
+        self.turn = 0
+        self.registry = ToolRegistry()
+        for tools in dialogue.tools:
+            for tool in tools:
+                fn = tool["function"]
+                if fn["name"] not in self.registry.tools:
+                    self.registry.register(fn["name"], self._answer, parameters=fn.get("parameters"),
+                                           side_effect_free=True, timeout_s=latency_s + 30.0)
+
+    def _answer(self, arguments: dict) -> str:
+        turn = self.turn                       # read at the start: a speculative run belongs to its turn
+        time.sleep(self.latency_s)
+        responses = self.dialogue.responses
+        return responses[turn] if turn < len(responses) else STUB_RESPONSE
+
+    def tools_at(self, turn: int) -> list[dict]:
+        return self.dialogue.tools[min(turn, self.dialogue.steps - 1)]
+
+    def start_turn(self, turn: int) -> None:
+        self.turn = turn
+
+
+class HintsOnly:
+    """A guess used as decoding hints only (the variants without tool speculation, under method ooospec)."""
+
+    def __init__(self, guess):
+        self.guess = guess
+
+    def poll(self):
+        return self.guess.poll()
+
+    def wait_call(self, timeout: float) -> None:
+        return None
+
+    def cancel(self) -> None:
+        self.guess.cancel()
+
+
+def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
+    """``(messages, tools, turn) -> CallGuess``: the step's gold call, or the sidecar's wave for this turn."""
+    from ooospec.runtime.agent import ReadyGuess, SidecarGuess
+
+    def guess(messages: list[dict], tools: list, turn: int):
+        if speculator == "gold":
+            return ReadyGuess(dialogue.calls[turn], chat.fmt, chat.tokenizer) if turn < dialogue.steps else None
+        return SidecarGuess(client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer))
+
+    return guess
+
+
+def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str, max_new_tokens: int,
+           client=None) -> dict:
+    """One dialogue under one variant: ``{"wall_s", "turns": [...], "texts", ...}`` (see the module docstring)."""
+    from ooospec.runtime.agent import run_agent
+    from ooospec.runtime.tools import SpeculativeTools
+
+    tools = ReplayTools(dialogue, latency_s)
+    executor = SpeculativeTools(tools.registry)
+    guesser = None
+    if variant == "speculative" or chat.method == "ooospec":
+        make = make_guesser(speculator, chat, dialogue, client)
+        if variant == "speculative":
+            guesser = make
+        else:
+            def guesser(messages: list[dict], tools: list, turn: int):
+                g = make(messages, tools, turn)
+                return HintsOnly(g) if g is not None else None
+    run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
+                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn)
+    turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,
+              "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "origin": s.origin,
+              "prefilled_tokens": s.prompt_tokens - 1 - s.cached_tokens, "gen_s": s.gen_s,
+              "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason} for s in run.steps]
+    return {"id": dialogue.id, "variant": variant, "latency_s": latency_s, "wall_s": run.wall_s,
+            "steps": dialogue.steps, "turns": turns, "texts": [s.text for s in run.steps],
+            "calls": sum(s.call is not None for s in run.steps), "hits": sum(bool(s.hit) for s in run.steps),
+            "gold_calls_made": sum(s.call == dialogue.calls[s.turn] for s in run.steps
+                                   if s.call is not None and s.turn < dialogue.steps),
+            "speculation": executor.stats.to_dict()}
+
+
+def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequence[float], *,
+              method: str = "toolspec", speculator: str = "gold", max_new_tokens: int = 128, client=None,
+              variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None) -> list[dict]:
+    """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
+    from ooospec.runtime.chat import ChatModel
+    from ooospec.runtime.session import PrefixCache, SessionStore
+
+    def new_chat(variant: str) -> ChatModel:
+        sessions = None if variant == "stateless" else SessionStore(model, prefix_cache=PrefixCache())
+        return ChatModel(model, tokenizer, method=method, sessions=sessions)
+
+    # warm-up (untimed, thrown away): kernels, allocator, the forward-cost curve the tree policy plans with
+    for variant in variants:
+        replay(new_chat(variant), dataclasses.replace(dialogues[0], calls=dialogues[0].calls[:1]), 0.0, variant,
+               speculator=speculator, max_new_tokens=min(16, max_new_tokens), client=client)
+    rows: list[dict] = []
+    for latency in latencies:
+        chats = {v: new_chat(v) for v in variants}
+        for dialogue in tqdm(dialogues, desc=f"agent-bench latency {latency:g}s", disable=not progress):
+            for variant in variants:
+                row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
+                             max_new_tokens=max_new_tokens, client=client)
+                rows.append(row)
+                mark_exact(rows)
+                if on_row is not None:
+                    on_row(rows)
+    return rows
+
+
+def mark_exact(rows: list[dict]) -> None:
+    """``row["exact"]``: the row's texts equal the ``stateless`` row's of the same dialogue and latency."""
+    ref = {(r["id"], r["latency_s"]): r["texts"] for r in rows if r["variant"] == "stateless"}
+    for r in rows:
+        base = ref.get((r["id"], r["latency_s"]))
+        r["exact"] = None if base is None else r["texts"] == base
+
+
+# ----------------------------------------------------------------------------------------------- summary
+
+
+def summarize(rows: Sequence[dict]) -> list[dict]:
+    """One line per (latency, variant), in first-seen order.
+
+    ``saved_frac`` = 1 - sum(wall) / sum(stateless wall) over the same dialogues; ``prefill_saved_frac`` likewise
+    for prefilled prompt tokens; ``hit_rate`` = hits / calls. Worked example: stateless walls [10, 20] and
+    sessions walls [9, 17] -> saved_frac 1 - 26 / 30 = 0.133.
+    """
+    groups: dict[tuple[float, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["latency_s"], r["variant"])].append(r)
+    out = []
+    for (latency, variant), rs in groups.items():
+        base = {r["id"]: r for r in groups.get((latency, "stateless"), [])}
+        wall = sum(r["wall_s"] for r in rs)
+        base_wall = sum(base[r["id"]]["wall_s"] for r in rs if r["id"] in base)
+        prefilled = sum(t["prefilled_tokens"] for r in rs for t in r["turns"])
+        base_prefilled = sum(t["prefilled_tokens"] for r in rs if r["id"] in base for t in base[r["id"]]["turns"])
+        calls = sum(r["calls"] for r in rs)
+        exact = [r["exact"] for r in rs if r.get("exact") is not None]
+        out.append({
+            "latency_s": latency, "variant": variant, "dialogues": len(rs),
+            "turns": sum(len(r["turns"]) for r in rs), "calls": calls,
+            "mean_wall_s": statistics.fmean(r["wall_s"] for r in rs),
+            "saved_frac": 1 - wall / base_wall if base_wall else None,
+            "saved_s_per_dialogue": (base_wall - wall) / len(rs) if base_wall else None,
+            "prefilled_tokens": prefilled,
+            "prefill_saved_frac": 1 - prefilled / base_prefilled if base_prefilled else None,
+            "hit_rate": sum(r["hits"] for r in rs) / calls if calls else None,
+            "tool_wait_s": sum(t["tool_wait_s"] for r in rs for t in r["turns"]),
+            "exact_rate": sum(exact) / len(exact) if exact else None,
+        })
+    return out
+
+
+def markdown_table(summary: Sequence[dict]) -> str:
+    def pct(x):
+        return "" if x is None else f"{100 * x:.1f}%"
+
+    lines = [("| tool latency | variant | dialogues | calls | mean wall s | time saved | prefill tokens | "
+              "prefill saved | hit rate | tool wait s | exact |"),
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        lines.append(f"| {s['latency_s']:g} s | {s['variant']} | {s['dialogues']} | {s['calls']} | "
+                     f"{s['mean_wall_s']:.2f} | {pct(s['saved_frac'])} | {s['prefilled_tokens']} | "
+                     f"{pct(s['prefill_saved_frac'])} | {pct(s['hit_rate']) if s['variant'] == 'speculative' else ''}"
+                     f" | {s['tool_wait_s']:.1f} | {pct(s['exact_rate'])} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="registry name, local HF folder or hub id")
+    p.add_argument("--datasets", default=DEFAULT_DATASETS,
+                   help="comma-separated benchmark names (data/dedupe/eval/<name>.jsonl) or JSONL paths of "
+                        "API-Bank level-3 / ToolAlpaca records")
+    p.add_argument("--limit", type=int, default=None, help="first N dialogues (by id) of each dataset")
+    p.add_argument("--min-steps", type=int, default=2, help="dialogues with at least this many calls")
+    p.add_argument("--latencies", default="0,0.5,2", help="simulated tool latencies in seconds, comma-separated")
+    p.add_argument("--method", choices=("ar", "toolspec", "ooospec"), default="toolspec",
+                   help="decoding method, the same in every variant")
+    p.add_argument("--speculator", choices=("gold", "sidecar"), default="gold",
+                   help="the early guess of each call: the recorded call at arrival (ceiling) or the sidecar's")
+    p.add_argument("--sidecar-url", default=None, help="a running sidecar server; default: start the shipped adapter")
+    p.add_argument("--sidecar-adapter", default=None, help="adapter to start when no --sidecar-url is given")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", default="auto", help="torch threads: 'auto' or a number")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--out", type=Path, default=None, help="results JSON (default results/agent_bench_<target>.json)")
+    p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
+
+
+def _latencies(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--latencies takes seconds like 0,0.5,2; got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise SystemExit(f"--latencies needs non-negative seconds, got {text!r}")
+    return values
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    import torch
+
+    from ooospec.eval.bench import environment, resolve_dataset
+    from ooospec.runtime import hardware
+    from ooospec.runtime.models import load_target
+    from ooospec.runtime.sidecar_client import SidecarClient, launch_sidecar
+
+    latencies = _latencies(args.latencies)
+    if args.max_new_tokens < 1:
+        raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
+    dialogues: list[Dialogue] = []
+    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        found = load_dialogues(resolve_dataset(name), args.limit, args.min_steps)
+        print(f"{name}: {len(found)} dialogues, {sum(d.steps for d in found)} calls", file=sys.stderr)
+        dialogues += found
+    if not dialogues:
+        raise SystemExit("no dialogues to replay (check --datasets, --limit, --min-steps)")
+    threads = hardware.resolve_threads(args.threads)
+    torch.set_num_threads(threads[0])
+    torch.manual_seed(0)
+    dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
+    model, tok = load_target(args.target, dtype=dtype[0], cache=args.cache)
+    out = args.out or Path("results") / f"agent_bench_{Path(args.target).stem or 'target'}.json"
+    sidecar, client = None, None
+    if args.speculator == "sidecar":
+        if args.sidecar_url is None:
+            sidecar = launch_sidecar(args.sidecar_adapter, threads=1)
+        client = SidecarClient(args.sidecar_url or sidecar.url)
+    config = {"target": args.target, "datasets": args.datasets, "limit": args.limit, "min_steps": args.min_steps,
+              "latencies": latencies, "method": args.method, "speculator": args.speculator,
+              "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues]}
+    env = environment(threads, dtype, args.dtype, model, None)
+    t0 = time.perf_counter()
+
+    def save(rows: list[dict], partial: bool) -> dict:
+        results = {"config": config, "env": {**env, "wall_s": time.perf_counter() - t0}, "partial": partial,
+                   "summary": summarize(rows), "dialogues": rows}
+        write_json(out, results)
+        return results
+
+    try:
+        rows = run_bench(model, tok, dialogues, latencies, method=args.method, speculator=args.speculator,
+                         max_new_tokens=args.max_new_tokens, client=client, on_row=lambda rows: save(rows, True))
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+    results = save(rows, False)
+    table = markdown_table(results["summary"])
+    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

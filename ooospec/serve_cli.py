@@ -1,0 +1,62 @@
+"""``ooospec serve``: the OpenAI-compatible chat completions server (tools, streaming) on the speculative engine.
+
+    ooospec serve --target qwen2.5-coder-0.5b [--method toolspec|ooospec|ar] [--sidecar http://127.0.0.1:8765]
+                  [--host 127.0.0.1] [--port 8000] [--threads auto] [--dtype auto]
+
+``--method`` defaults to ``ooospec`` with ``--sidecar`` (hints from that running sidecar server, e.g. ``ooospec
+sidecar serve``), ``toolspec`` without. Sessions keep each conversation's KV across its turns (``--max-sessions``)
+and a prefix cache keeps shared system + tools blocks (``--prefix-cache-mb``); ``--no-sessions`` prefills every
+request whole. See :mod:`ooospec.runtime.serve.chat_app` for the protocol and the limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="registry name (ooospec models list), local HF folder or hub id")
+    p.add_argument("--method", choices=("ar", "toolspec", "ooospec"), default=None,
+                   help="decoding method (default: ooospec with --sidecar, else toolspec); output is greedy either way")
+    p.add_argument("--sidecar", default=None, metavar="URL",
+                   help="a running sidecar server (ours or vLLM) for method ooospec, e.g. http://127.0.0.1:8765")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    p.add_argument("--served-name", default=None, help="the model name clients send (default: --target)")
+    p.add_argument("--threads", default="auto", help="torch threads: 'auto' (the cores this process may use) or N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="target weights (auto: bf16 where the CPU multiplies it natively and faster, else fp32)")
+    p.add_argument("--max-sessions", type=int, default=8, help="conversations whose KV is kept (LRU)")
+    p.add_argument("--prefix-cache-mb", type=int, default=512, help="memory for shared system + tools blocks")
+    p.add_argument("--no-sessions", dest="sessions", action="store_false",
+                   help="prefill every request from scratch (stateless)")
+    p.add_argument("--cache", type=Path, default=None, help="model cache root (default $OOOSPEC_CACHE)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ooospec.runtime.chat import ChatModel
+    from ooospec.runtime.hardware import resolve_threads
+    from ooospec.runtime.models import load_target
+    from ooospec.runtime.serve.chat_app import DEFAULT_PORT, serve
+    from ooospec.runtime.session import PrefixCache, SessionStore
+    from ooospec.runtime.sidecar_client import SidecarClient
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    method = args.method or ("ooospec" if args.sidecar else "toolspec")
+    if method == "ooospec" and not args.sidecar:
+        raise SystemExit("--method ooospec needs --sidecar URL (start one with `ooospec sidecar serve`)")
+    try:
+        threads = resolve_threads(args.threads)[0]
+    except ValueError as e:
+        raise SystemExit(f"--threads: {e}") from e
+    model, tok = load_target(args.target, dtype=args.dtype, threads=threads, cache=args.cache)
+    sessions = None
+    if args.sessions:
+        sessions = SessionStore(model, max_sessions=args.max_sessions,
+                                prefix_cache=PrefixCache(max_bytes=max(args.prefix_cache_mb, 1) << 20))
+    sidecar = SidecarClient(args.sidecar) if args.sidecar else None
+    chat = ChatModel(model, tok, method=method, sidecar=sidecar, sessions=sessions)
+    serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT)
+    return 0

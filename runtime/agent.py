@@ -1,0 +1,196 @@
+"""The agent loop on the target: call -> tool -> result -> continue, with KV sessions and speculative tools.
+
+    chat = ChatModel(model, tok, method="toolspec", sessions=SessionStore(model, prefix_cache=PrefixCache()))
+    tools = SpeculativeTools(registry)                    # registry: ToolRegistry with the tools' implementations
+    run = run_agent(chat, messages, openai_tools, tools, guess=lambda msgs, tls, turn: SidecarGuess(client.submit(
+        msgs, tls, fmt=chat.fmt, tokenizer=chat.tokenizer)))
+    run.steps[0].hit      # the first call's result came from the speculative run
+
+One turn (seed paper 003's engine-side loop, in process):
+
+1. The turn arrives: ``guess(messages, tools, turn)`` starts an early guess of its call (the sidecar's wave, or
+   any :class:`CallGuess`). A watcher thread hands the guessed call to
+   :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate` the moment it is ready, so a side-effect-free tool
+   runs while the target is still decoding (O1).
+2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
+   same guess drafts tokens too (O2, :class:`~ooospec.runtime.hints.HintDrafter`).
+3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
+   returns the speculative result when the canonical keys match, and runs the real call otherwise.
+4. The call and its result join the conversation and the next turn continues the same session: only the new
+   tokens (the call's end, the tool message, the generation prompt) are prefilled -- the tool result goes into
+   the resident KV and decoding goes on (O3), with nothing to evict, re-admit or re-prefill. Without sessions
+   (``ChatModel(sessions=None)``) every turn prefills the whole conversation: today's stateless loop.
+
+Speculative entries live for one turn (cleared when the next turn starts). Only the first call of a turn is
+executed (the stop rule ends a turn at the end of its first call).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.hints import HintBank
+from ooospec.runtime.tools import SpeculativeTools
+
+GUESS_TIMEOUT_S = 120.0   # a watcher stops waiting for a guess after this (the turn is long over by then)
+
+
+class CallGuess(Protocol):
+    """An early guess of a turn's call, ready at some unknown time."""
+
+    def poll(self) -> HintBank | None:
+        """The guess as a hint bank once ready, else None; never blocks (the :class:`HintDrafter` side)."""
+        ...
+
+    def wait_call(self, timeout: float) -> dict | None:
+        """Block up to ``timeout`` s for the guessed call ``{"name", "arguments"}``; None when there is none."""
+        ...
+
+    def cancel(self) -> None:
+        """The turn is over: stop working on the guess."""
+        ...
+
+
+class SidecarGuess:
+    """The sidecar's joined call of one request (:class:`~ooospec.runtime.sidecar_client.HintRequest`)."""
+
+    def __init__(self, request):
+        self.request = request
+
+    def poll(self) -> HintBank | None:
+        return self.request.poll()
+
+    def wait_call(self, timeout: float) -> dict | None:
+        self.request.wait(timeout)
+        return self.request.stats().call
+
+    def cancel(self) -> None:
+        self.request.cancel()
+
+
+class ReadyGuess:
+    """A call known at arrival (e.g. the dataset's gold call: the ceiling of what a sidecar can give)."""
+
+    def __init__(self, call: dict, fmt, tokenizer):
+        self.call, self.fmt, self.tokenizer = call, fmt, tokenizer
+        self._bank: HintBank | None = None
+
+    def poll(self) -> HintBank:
+        if self._bank is None:
+            self._bank = HintBank.from_calls([self.call], self.fmt, self.tokenizer)
+        return self._bank
+
+    def wait_call(self, timeout: float) -> dict:
+        return self.call
+
+    def cancel(self) -> None:
+        pass
+
+
+@dataclass
+class AgentStep:
+    """One turn of the loop."""
+
+    turn: int
+    text: str
+    call: dict | None               # the target's (first) call; None = the final answer
+    result: str | None              # the tool message's content
+    ok: bool | None                 # the tool run succeeded
+    hit: bool | None                # served from a speculative run (None: no call)
+    guess: dict | None              # the guessed call, when one was ready before the target's call was complete
+    prompt_tokens: int
+    cached_tokens: int
+    origin: str
+    gen_s: float                    # the target's turn (render + decode)
+    tool_wait_s: float              # waiting for the tool after the call was complete
+    finish_reason: str
+
+
+@dataclass
+class AgentRun:
+    steps: list[AgentStep] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)    # the conversation at the end
+    wall_s: float = 0.0
+
+
+class _Watcher:
+    """Hands a turn's guessed call to the speculative cache once it is ready, unless the turn is over."""
+
+    def __init__(self, guess: CallGuess, tools: SpeculativeTools):
+        self.guess, self.tools = guess, tools
+        self.call: dict | None = None
+        self._lock = threading.Lock()
+        self._over = False
+        self.thread = threading.Thread(target=self._run, name="guess-watcher", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        call = self.guess.wait_call(GUESS_TIMEOUT_S)
+        with self._lock:
+            if call is None or self._over:
+                return
+            self.call = call
+            self.tools.speculate(call)
+
+    def close(self) -> dict | None:
+        """End the turn for speculation; the guessed call if it was ready before this."""
+        with self._lock:
+            self._over = True
+            return self.call
+
+
+def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | Callable[[int], Sequence[Any]],
+              executor: SpeculativeTools, *,
+              max_turns: int = 8, max_new_tokens: int = 256,
+              guess: Callable[[list[dict], list, int], CallGuess | None] | None = None,
+              on_turn: Callable[[int], None] | None = None) -> AgentRun:
+    """Run the loop from ``messages`` until the target answers without a call, or ``max_turns`` turns.
+
+    Args:
+        chat: the target; its ``sessions`` decide whether turns keep the KV.
+        tools: the tools shown to the model (OpenAI shape), or ``turn -> tools`` when they change between turns
+            (e.g. a tool search that reveals new tools).
+        executor: the tools (``executor.registry``) and the speculative cache.
+        guess: ``(messages, tools, turn) -> CallGuess | None``, started at each turn's arrival; None = no
+            speculation (every call runs after it is complete).
+        on_turn: called with the turn index before the turn starts (e.g. a replay moving to its next
+            recorded responses).
+    """
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    run = AgentRun(messages=list(messages))
+    t_start = time.perf_counter()
+    for turn in range(max_turns):
+        if on_turn is not None:
+            on_turn(turn)
+        executor.clear()
+        turn_tools = list(tools(turn) if callable(tools) else tools)
+        g = guess(run.messages, turn_tools, turn) if guess is not None else None
+        watcher = _Watcher(g, executor) if g is not None else None
+        t0 = time.perf_counter()
+        try:
+            ct = chat.complete(run.messages, turn_tools, max_new_tokens=max_new_tokens,
+                               hints=g if chat.method == "ooospec" else None)
+        finally:
+            guessed = watcher.close() if watcher is not None else None
+            if g is not None:
+                g.cancel()
+        t1 = time.perf_counter()
+        call = ct.calls[0] if ct.calls else None
+        step = AgentStep(turn, ct.text, call, None, None, None, guessed, ct.prompt_tokens, ct.cached_tokens,
+                         ct.origin, t1 - t0, 0.0, ct.finish_reason)
+        run.steps.append(step)
+        if call is None:
+            break
+        res = executor.resolve(call)
+        step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
+        run.messages.append({"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": call}]})
+        run.messages.append({"role": "tool", "content": res.result.content})
+    run.wall_s = time.perf_counter() - t_start
+    return run

@@ -1,0 +1,292 @@
+"""The chat server: an OpenAI-compatible ``POST /v1/chat/completions`` with tools, on the speculative engine.
+
+Run it with ``ooospec serve --target NAME [--method toolspec|ooospec|ar] [--sidecar URL] [--host 127.0.0.1]
+[--port 8000]`` (loopback by default; the server has no authentication). Endpoints: ``POST /v1/chat/completions``,
+``GET /v1/models``, ``GET /health``. Any OpenAI client works::
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    r = client.chat.completions.create(model="qwen2.5-coder-0.5b", messages=messages, tools=tools)
+    r.choices[0].message.tool_calls[0].function   # name="get_weather", arguments='{"city": "Paris"}'
+
+A request takes ``messages`` (system / user / assistant with ``tool_calls`` / tool), ``tools``, ``tool_choice``
+(``"auto"``, ``"none"``, ``"required"`` or a named function, see :mod:`ooospec.runtime.chat`), ``max_tokens`` or
+``max_completion_tokens``, ``stream`` (+ ``stream_options.include_usage``). Decoding is greedy and exact:
+``temperature`` above 0, ``n`` > 1, ``logprobs`` and ``stop`` are refused with 400. The answer has OpenAI's shape:
+``choices[0].message`` with ``content`` or ``tool_calls`` (``[{"id", "type": "function", "function": {"name",
+"arguments": JSON text}}]``) and ``finish_reason`` ``tool_calls`` / ``stop`` / ``length``; ``usage`` has
+``prompt_tokens_details.cached_tokens`` (prompt tokens whose KV was reused) and ``ooospec`` the turn's timings.
+
+Streaming (SSE, ``chat.completion.chunk``): a first chunk with the role, then -- when no tools are shown -- the
+text as it is decoded; with tools, the content or the ``tool_calls`` once the turn is complete (a call is only
+known when it parses); a last chunk with ``finish_reason``, a usage chunk when asked, then ``data: [DONE]``.
+A client that goes away ends its generation at the next token.
+
+Sessions: requests are stateless as in OpenAI's API, and the server finds the conversation they continue by
+token prefix (:class:`~ooospec.runtime.session.SessionStore`): the next turn of a tool conversation prefills
+only the new tokens; a new conversation with known system + tools starts from the prefix cache.
+
+Limits (:class:`Limits`, all answered with 4xx and an OpenAI-style ``{"error": {...}}`` body): body size (413),
+messages, tools, prompt tokens, ``max_tokens`` (400), unknown model (404), waiting requests (429). One
+generation runs at a time (the model is not shared between threads); ``/health`` answers meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from ooospec.runtime.chat import ChatModel, ChatTurn, PreparedTurn
+from ooospec.runtime.serve.http import RequestError, error_response, is_loopback, read_request
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits; a request over any of them gets a 4xx answer before any decoding."""
+
+    max_body_bytes: int = 4 << 20       # 413
+    max_messages: int = 512             # 400
+    max_tools: int = 128                # 400
+    max_prompt_tokens: int = 16384      # 400
+    max_tokens: int = 2048              # 400: the request's max_tokens / max_completion_tokens
+    default_max_tokens: int = 512       # when the request names none
+    max_waiting: int = 8                # 429: requests queued behind the running generation
+
+
+class ChatCompletionRequest(BaseModel):
+    """The subset of OpenAI's chat completions request this server honours; other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[Any]
+    model: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    temperature: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+
+
+class GenerationCancelled(Exception):
+    """The streaming client went away; raised from the token callback to end its generation."""
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+
+
+def check_request(req: ChatCompletionRequest, served: str, limits: Limits) -> int:
+    """The request's ``max_tokens`` once every field is acceptable; raises :class:`RequestError` (4xx) otherwise."""
+    if req.model is not None and req.model != served:
+        raise RequestError(404, f"The model `{req.model}` does not exist (served: {served!r}).", "model")
+    if req.n != 1 or req.logprobs:
+        raise RequestError(400, "n > 1 and logprobs are not supported: this server returns one greedy completion")
+    if req.temperature is not None and req.temperature > 0:
+        raise RequestError(400, f"temperature={req.temperature}: this server decodes greedily (exactly) only; "
+                                "send 0 or leave it out", "temperature")
+    if req.stop:
+        raise RequestError(400, "stop sequences are not supported (generation ends at EOS, the end of a tool call "
+                                "or max_tokens)", "stop")
+    if not 1 <= len(req.messages) <= limits.max_messages:
+        raise RequestError(400, f"{len(req.messages)} messages; send between 1 and {limits.max_messages}", "messages")
+    if req.tools is not None and len(req.tools) > limits.max_tools:
+        raise RequestError(400, f"{len(req.tools)} tools; at most {limits.max_tools}", "tools")
+    max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
+                      limits.default_max_tokens)
+    if not 1 <= max_tokens <= limits.max_tokens:
+        raise RequestError(400, f"max_tokens={max_tokens} outside [1, {limits.max_tokens}]", "max_tokens")
+    return max_tokens
+
+
+def assistant_message(turn: ChatTurn) -> tuple[dict, str]:
+    """``(message, finish_reason)`` in OpenAI's shape; tool calls get fresh ``call_...`` ids."""
+    if turn.calls:
+        calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                  "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                 for c in turn.calls]
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": turn.text}, turn.finish_reason
+
+
+def usage(turn: ChatTurn) -> dict:
+    return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+            "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": turn.cached_tokens}}
+
+
+def turn_stats(turn: ChatTurn, queue_s: float) -> dict:
+    r = turn.result
+    return {"session": turn.origin, "cached_tokens": turn.cached_tokens, "prefill_s": r.prefill_s,
+            "decode_s": r.decode_s, "n_forwards": r.n_forwards, "stop_reason": r.stop_reason, "queue_s": queue_s}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# ------------------------------------------------------------------------------------------ the app
+
+
+def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -> FastAPI:
+    """The FastAPI app serving ``chat`` under the name ``model_name``."""
+    app = FastAPI(title="ooo-spec chat", docs_url=None, redoc_url=None)
+    worker = anyio.CapacityLimiter(1)      # one generation at a time: the model and sessions are not shared
+    state = {"waiting": 0, "running": 0}
+
+    @app.get("/health")
+    async def health() -> dict:
+        sessions = chat.sessions.stats() if chat.sessions is not None else None
+        return {"status": "ok", "model": model_name, "method": chat.method, "running": state["running"],
+                "waiting": state["waiting"], "sessions": sessions}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "ooospec"}]}
+
+    async def run_turn(prepared: PreparedTurn, max_tokens: int, on_tokens=None) -> tuple[ChatTurn, float]:
+        """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread."""
+        if state["waiting"] >= limits.max_waiting:
+            raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
+        t_queued = time.perf_counter()
+        state["waiting"] += 1
+        queued = True
+        try:
+            async with worker:
+                state["waiting"] -= 1
+                queued = False
+                state["running"] += 1
+                queue_s = time.perf_counter() - t_queued
+                try:
+                    turn = await anyio.to_thread.run_sync(
+                        lambda: chat.generate(prepared, max_new_tokens=max_tokens, on_tokens=on_tokens))
+                finally:
+                    state["running"] -= 1
+        finally:
+            if queued:        # cancelled while waiting (the client went away)
+                state["waiting"] -= 1
+        return turn, queue_s
+
+    async def parse(request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:
+        req = await read_request(request, ChatCompletionRequest, limits.max_body_bytes)
+        max_tokens = check_request(req, model_name, limits)
+        try:
+            prepared = chat.prepare(req.messages, req.tools or [], req.tool_choice or "auto",
+                                    max_prompt_tokens=limits.max_prompt_tokens)
+        except (ValueError, TypeError) as e:
+            raise RequestError(400, str(e)[:500], str(e).split(":", 1)[0].split("[", 1)[0][:40]) from None
+        return req, prepared, max_tokens
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request):
+        t_arrival = time.perf_counter()
+        try:
+            req, prepared, max_tokens = await parse(request)
+            if req.stream:
+                if state["waiting"] >= limits.max_waiting:     # refuse before the stream opens
+                    raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
+                return StreamingResponse(stream(req, prepared, max_tokens), media_type="text/event-stream")
+            turn, queue_s = await run_turn(prepared, max_tokens)
+        except RequestError as e:
+            return error_response(e.status, e.message, e.param)
+        message, finish = assistant_message(turn)
+        logger.info("chat turn: %d prompt tokens (%d cached, %s), %d new, %.2f s", turn.prompt_tokens,
+                    turn.cached_tokens, turn.origin, turn.completion_tokens, time.perf_counter() - t_arrival)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                                  "logprobs": None}],
+                "usage": usage(turn), "ooospec": turn_stats(turn, queue_s)}
+
+    async def stream(req: ChatCompletionRequest, prepared: PreparedTurn, max_tokens: int) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue = asyncio.Queue()
+        gone = False
+        sent = ""
+
+        def on_tokens(generated: Sequence[int]) -> None:
+            if gone:
+                raise GenerationCancelled
+            if not prepared.tools:         # plain text: stream it as it is decoded
+                text = chat.tokenizer.decode(list(generated), skip_special_tokens=True)
+                loop.call_soon_threadsafe(deltas.put_nowait, text)
+
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": model_name}
+
+        def chunk(delta: dict, finish: str | None = None) -> str:
+            return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                              "logprobs": None}]})
+
+        yield chunk({"role": "assistant", "content": ""})
+        task = asyncio.ensure_future(run_turn(prepared, max_tokens, on_tokens))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved even if the client left
+        try:
+            while not task.done() or not deltas.empty():
+                getter = asyncio.ensure_future(deltas.get())
+                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+                text = getter.result()
+                if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
+                    yield chunk({"content": text[len(sent):]})
+                    sent = text
+            try:
+                turn, _ = task.result()
+            except RequestError as e:
+                yield _sse({"error": {"message": e.message, "type": "invalid_request_error", "code": e.status}})
+                return
+            except Exception as e:       # the stream is open: report the failure in it
+                logger.exception("streamed generation failed")
+                yield _sse({"error": {"message": f"generation failed: {type(e).__name__}", "type": "server_error",
+                                      "code": 500}})
+                return
+            message, finish = assistant_message(turn)
+            if message.get("tool_calls"):
+                yield chunk({"tool_calls": [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]})
+            elif message["content"] != sent:
+                yield chunk({"content": message["content"].removeprefix(sent)})
+            yield chunk({}, finish)
+            if (req.stream_options or {}).get("include_usage"):
+                yield _sse({**base, "choices": [], "usage": usage(turn)})
+            yield "data: [DONE]\n\n"
+        finally:
+            gone = True                    # a closed stream (client gone) ends the generation at its next token
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        logger.exception("request failed")
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+    return app
+
+
+def serve(chat: ChatModel, *, model_name: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          limits: Limits = Limits()) -> None:
+    """Serve ``chat`` until SIGINT/SIGTERM (warns when ``host`` is not loopback: there is no authentication)."""
+    import uvicorn
+
+    if not is_loopback(host):
+        logger.warning("serving on %s: the chat server has no authentication; keep it on loopback (127.0.0.1) "
+                       "unless the network is yours", host)
+    app = create_app(chat, model_name=model_name, limits=limits)
+    logger.info("chat server for %s (method %s) on http://%s:%d/v1", model_name, chat.method, host, port)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,86 @@
+"""agent-bench: dialogues from API-Bank level-3 / ToolAlpaca records, the replay's three variants, the summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ooospec.eval import agent_bench as AB
+from ooospec.pipelines.records import write_jsonl
+from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
+
+
+def _tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+
+
+def _apibank_records() -> list[dict]:
+    user = [{"role": "user", "content": "Find and use the tool."}]
+    call0, call1 = {"name": "ToolSearcher", "arguments": {"keywords": "X"}}, {"name": "X", "arguments": {}}
+    step1 = user + [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call0}]},
+                    {"role": "tool", "content": '{"name": "X"}'}]
+    recs = [
+        {"id": "apibank/test-l3/0#0", "source": "apibank", "split": "test-l3", "tools": [_tool("ToolSearcher")],
+         "messages": user, "calls": [call0], "meta": {"sample": "level-3/0", "step": 0}},
+        {"id": "apibank/test-l3/0#1", "source": "apibank", "split": "test-l3",
+         "tools": [_tool("ToolSearcher"), _tool("X")], "messages": step1, "calls": [call1],
+         "meta": {"sample": "level-3/0", "step": 1}},
+        {"id": "apibank/test-l3/1#0", "source": "apibank", "split": "test-l3", "tools": [_tool("ToolSearcher")],
+         "messages": user, "calls": [call0], "meta": {"sample": "level-3/1", "step": 0}},
+    ]
+    return recs
+
+
+def test_apibank_dialogues_take_responses_from_the_next_record(tmp_path):
+    path = tmp_path / "apibank-l3.jsonl"
+    write_jsonl(path, _apibank_records())
+    (d,) = AB.load_dialogues(path, min_steps=2)                 # level-3/1 has one step only
+    assert d.id == "level-3/0" and d.steps == 2 and d.messages == _apibank_records()[0]["messages"]
+    assert [len(t) for t in d.tools] == [1, 2] and d.calls[1] == {"name": "X", "arguments": {}}
+    assert d.responses == ['{"name": "X"}', AB.STUB_RESPONSE]
+    assert len(AB.load_dialogues(path, min_steps=1)) == 2
+
+
+def test_toolalpaca_dialogues_stop_at_unrecoverable_steps(tmp_path):
+    rec = {"id": "toolalpaca/eval-real/A#0", "source": "toolalpaca", "split": "eval-real", "tools": [_tool("f")],
+           "messages": USER, "calls": [{"name": "f", "arguments": {}}],
+           "meta": {"steps": [{"name": "f", "arguments": {}}, {"name": "f", "arguments": {"a": 1}},
+                              {"name": "f", "arguments_raw": "${x}", "error": "placeholder"}]}}
+    path = tmp_path / "ta.jsonl"
+    write_jsonl(path, [rec])
+    (d,) = AB.load_dialogues(path)
+    assert d.steps == 2 and d.responses == [AB.STUB_RESPONSE] * 2
+    write_jsonl(path, [rec, {**_apibank_records()[0]}])
+    with pytest.raises(ValueError, match="sources"):
+        AB.load_dialogues(path)
+
+
+def test_replay_variants_agree_and_speculation_hides_the_tool_latency():
+    model, tok = trained_chat_model()
+    dialogue = AB.Dialogue("weather", USER, [TOOLS], [CALL], [RESULT])
+    rows = AB.run_bench(model, tok, [dialogue], [0.3], max_new_tokens=40, progress=False)
+    by = {r["variant"]: r for r in rows}
+    assert by["stateless"]["texts"][1] == ANSWER and all(r["exact"] for r in rows)
+    assert by["speculative"]["hits"] == 1 and by["sessions"]["hits"] == 0
+    # the speculative run started at arrival, so the wait after the call is shorter by the turn's decode time
+    assert by["speculative"]["turns"][0]["tool_wait_s"] < by["sessions"]["turns"][0]["tool_wait_s"]
+    assert by["sessions"]["turns"][0]["tool_wait_s"] >= 0.3
+    assert by["sessions"]["turns"][1]["cached_tokens"] > 0 == by["stateless"]["turns"][1]["cached_tokens"]
+    summary = {s["variant"]: s for s in AB.summarize(rows)}
+    assert summary["sessions"]["prefill_saved_frac"] > 0 and summary["speculative"]["hit_rate"] == 1.0
+    table = AB.markdown_table(AB.summarize(rows))
+    assert "| 0.3 s | speculative | 1 | 1 |" in table and "100.0%" in table
+    json.dumps(rows)                                             # the JSON results are plain data
+
+
+def test_summary_worked_example():
+    def row(variant, dialogue, wall, prefilled):
+        return {"id": dialogue, "variant": variant, "latency_s": 0.5, "wall_s": wall, "calls": 1, "hits": 0,
+                "exact": True, "turns": [{"prefilled_tokens": prefilled, "tool_wait_s": 0.5}]}
+    rows = [row("stateless", "a", 10, 100), row("stateless", "b", 20, 100),
+            row("sessions", "a", 9, 100), row("sessions", "b", 17, 50)]
+    s = {x["variant"]: x for x in AB.summarize(rows)}
+    assert s["sessions"]["saved_frac"] == pytest.approx(1 - 26 / 30)
+    assert s["sessions"]["prefill_saved_frac"] == pytest.approx(0.25) and s["stateless"]["saved_frac"] == 0

@@ -1,0 +1,96 @@
+"""The agent loop on a tiny target that knows one tool conversation: sessions, speculation, stateful tools."""
+
+from __future__ import annotations
+
+import pytest
+
+from ooospec.runtime.agent import ReadyGuess, run_agent
+from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.session import PrefixCache, SessionStore
+from ooospec.runtime.tools import SpeculativeTools, ToolRegistry
+from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
+from tests.runtime.test_tools import Counter
+
+
+def _chat(sessions: bool, method: str = "toolspec") -> ChatModel:
+    model, tok = trained_chat_model()
+    store = SessionStore(model, prefix_cache=PrefixCache()) if sessions else None
+    return ChatModel(model, tok, method=method, sessions=store)
+
+
+def _tools(side_effect_free: bool) -> tuple[SpeculativeTools, Counter]:
+    impl = Counter(result={"temp_c": 21})
+    reg = ToolRegistry()
+    reg.register("get_weather", impl, parameters=TOOLS[0]["function"]["parameters"],
+                 side_effect_free=side_effect_free)
+    return SpeculativeTools(reg), impl
+
+
+def _guess(call):
+    def guess(messages, tools, turn):
+        tok = trained_chat_model()[1]
+        return ReadyGuess(call, _chat(False).fmt, tok) if turn == 0 else None
+    return guess
+
+
+@pytest.mark.parametrize("method", ["ar", "ooospec"])
+def test_sessions_and_speculation_change_nothing_but_time(method):
+    """Stateless, sessions, sessions + a right guess: the same two turns; the guess is a hit (the tool ran
+    once, speculatively) and the second turn reuses the first turn's KV."""
+    runs = {}
+    for name, sessions, guess in [("stateless", False, None), ("sessions", True, None),
+                                  ("speculative", True, _guess(CALL))]:
+        executor, impl = _tools(side_effect_free=True)
+        runs[name] = (run_agent(_chat(sessions, method), USER, TOOLS, executor, max_turns=4, max_new_tokens=40,
+                                guess=guess), executor, impl)
+    for name, (run, executor, impl) in runs.items():
+        assert [s.text for s in run.steps] == [runs["stateless"][0].steps[0].text, ANSWER], name
+        assert run.steps[0].call == CALL and run.steps[0].result == RESULT and run.steps[1].call is None
+        assert len(impl.calls) == 1, name
+    spec_run, spec_exec, _ = runs["speculative"]
+    assert spec_run.steps[0].hit and spec_run.steps[0].guess == CALL and spec_exec.stats.hits == 1
+    assert not runs["sessions"][0].steps[0].hit
+    assert runs["stateless"][0].steps[1].cached_tokens == 0
+    assert runs["sessions"][0].steps[1].cached_tokens > 0 and runs["sessions"][0].steps[1].origin == "session"
+    assert spec_run.messages[-1] == {"role": "tool", "content": RESULT}
+
+
+def test_a_stateful_tool_is_called_exactly_as_often_as_the_target_calls_it():
+    """A tool that is not side-effect free never runs on a guess, right or wrong."""
+    for guessed in (CALL, {"name": "get_weather", "arguments": {"city": "Rome"}}):
+        executor, impl = _tools(side_effect_free=False)
+        run = run_agent(_chat(True), USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=_guess(guessed))
+        target_calls = [s.call for s in run.steps if s.call is not None]
+        assert impl.calls == [c["arguments"] for c in target_calls] == [{"city": "Paris"}]
+        assert executor.stats.refused_side_effects == 1 and executor.stats.started == 0
+        assert not run.steps[0].hit
+
+
+def test_a_wrong_guess_costs_a_wasted_run_and_a_real_call():
+    executor, impl = _tools(side_effect_free=True)
+    run = run_agent(_chat(True), USER, TOOLS, executor, max_turns=4, max_new_tokens=40,
+                    guess=_guess({"name": "get_weather", "arguments": {"city": "Rome"}}))
+    assert not run.steps[0].hit and run.steps[0].result == RESULT and [s.text for s in run.steps][1] == ANSWER
+    assert sorted(c["city"] for c in impl.calls) == ["Paris", "Rome"] and executor.stats.misses == 1
+
+
+def test_a_sidecar_guess_drafts_and_speculates():
+    """Method ooospec with a (stand-in) sidecar: the wave's joined call drafts tokens and runs the tool early;
+    the output is the same as without it."""
+    from ooospec.runtime.agent import SidecarGuess
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from tests.runtime.sidecar_servers import StandIn
+
+    with StandIn("good", answers=["0", '"Paris"']) as sidecar:      # the index query, then get_weather.city
+        client = SidecarClient(sidecar.url, timeout=10)
+        chat = _chat(True, method="ooospec")
+        executor, impl = _tools(side_effect_free=True)
+
+        def guess(messages, tools, turn):
+            return SidecarGuess(client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer))
+
+        run = run_agent(chat, USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess)
+    assert [s.text for s in run.steps] == [_chat(False).complete(USER, TOOLS, max_new_tokens=40).text, ANSWER]
+    # the sidecar guesses at both turns (the second guess runs the tool for nothing: a wasted speculation)
+    assert run.steps[0].guess == CALL and executor.stats.hits + executor.stats.misses == 1
+    assert len(impl.calls) == executor.stats.started + executor.stats.misses
