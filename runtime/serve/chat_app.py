@@ -47,7 +47,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.chat import ChatModel, ChatTurn, PreparedTurn
-from ooospec.runtime.serve.http import RequestError, error_response, is_loopback, read_request
+from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
 
 logger = logging.getLogger(__name__)
 
@@ -164,25 +164,11 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
 
     async def run_turn(prepared: PreparedTurn, max_tokens: int, on_tokens=None) -> tuple[ChatTurn, float]:
         """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread."""
-        if state["waiting"] >= limits.max_waiting:
-            raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
         t_queued = time.perf_counter()
-        state["waiting"] += 1
-        queued = True
-        try:
-            async with worker:
-                state["waiting"] -= 1
-                queued = False
-                state["running"] += 1
-                queue_s = time.perf_counter() - t_queued
-                try:
-                    turn = await anyio.to_thread.run_sync(
-                        lambda: chat.generate(prepared, max_new_tokens=max_tokens, on_tokens=on_tokens))
-                finally:
-                    state["running"] -= 1
-        finally:
-            if queued:        # cancelled while waiting (the client went away)
-                state["waiting"] -= 1
+        async with admitted(state, worker, limits.max_waiting):
+            queue_s = time.perf_counter() - t_queued
+            turn = await anyio.to_thread.run_sync(
+                lambda: chat.generate(prepared, max_new_tokens=max_tokens, on_tokens=on_tokens))
         return turn, queue_s
 
     async def parse(request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:

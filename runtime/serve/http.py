@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -72,3 +74,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+@asynccontextmanager
+async def admitted(state: dict, worker: Any, max_waiting: int) -> AsyncIterator[None]:
+    """Hold the server's one ``worker`` lock for a request: 429 when ``max_waiting`` requests already wait.
+
+    ``state["waiting"]`` / ``state["running"]`` count the queue for ``/health``; a request cancelled while it waits
+    (the client went away) leaves the count right.
+    """
+    if state["waiting"] >= max_waiting:
+        raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
+    state["waiting"] += 1
+    queued = True
+    try:
+        async with worker:
+            state["waiting"] -= 1
+            queued = False
+            state["running"] += 1
+            try:
+                yield
+            finally:
+                state["running"] -= 1
+    finally:
+        if queued:
+            state["waiting"] -= 1

@@ -55,7 +55,7 @@ import torch
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime.serve.http import RequestError, error_response, is_loopback, read_request
+from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
 from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
@@ -264,48 +264,35 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
         try:
             req = await read_request(request, CompletionRequest, limits.max_body_bytes)
             prompts, stops = check_request(req, model_name, limits)
-            if state["waiting"] >= limits.max_waiting:
-                raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
-            state["waiting"] += 1
-            queued = True
-            try:
-                async with worker:
-                    state["waiting"] -= 1
-                    queued = False
-                    state["running"] += 1
-                    t_start = time.perf_counter()
-                    gone = threading.Event()   # the client disconnected: stop computing its wave
+            async with admitted(state, worker, limits.max_waiting):
+                t_start = time.perf_counter()
+                gone = threading.Event()   # the client disconnected: stop computing its wave
 
-                    async def watch() -> None:
-                        while not gone.is_set():
-                            if await request.is_disconnected():
-                                gone.set()
-                                return
-                            await anyio.sleep(0.05)
+                async def watch() -> None:
+                    while not gone.is_set():
+                        if await request.is_disconnected():
+                            gone.set()
+                            return
+                        await anyio.sleep(0.05)
 
-                    failure: Exception | None = None
-                    try:
-                        async with anyio.create_task_group() as tg:   # the watcher ends once `gone` is set
-                            tg.start_soon(watch)
-                            try:
-                                result = await anyio.to_thread.run_sync(
-                                    lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
-                                                     add_special_tokens=req.add_special_tokens, limits=limits,
-                                                     should_stop=gone.is_set))
-                            except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group
-                                failure = e
-                            finally:
-                                gone.set()
-                        if failure is not None:
-                            raise failure
-                    except WaveCancelled:
-                        state["cancelled"] = state.get("cancelled", 0) + 1
-                        raise RequestError(499, "the client closed the request; its wave was abandoned") from None
-                    finally:
-                        state["running"] -= 1
-            finally:
-                if queued:       # cancelled while waiting (the client went away)
-                    state["waiting"] -= 1
+                failure: Exception | None = None
+                try:
+                    async with anyio.create_task_group() as tg:   # the watcher ends once `gone` is set
+                        tg.start_soon(watch)
+                        try:
+                            result = await anyio.to_thread.run_sync(
+                                lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
+                                                 add_special_tokens=req.add_special_tokens, limits=limits,
+                                                 should_stop=gone.is_set))
+                        except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group
+                            failure = e
+                        finally:
+                            gone.set()
+                    if failure is not None:
+                        raise failure
+                except WaveCancelled:
+                    state["cancelled"] = state.get("cancelled", 0) + 1
+                    raise RequestError(499, "the client closed the request; its wave was abandoned") from None
         except RequestError as e:
             return error_response(e.status, e.message, e.param)
         result["ooospec"]["queue_s"] = t_start - t_arrival
