@@ -251,7 +251,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "layout_version": sidecar.metadata.get("layout_version"),
-                "running": state["running"], "waiting": state["waiting"],
+                "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
                 "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0))}
 
     @app.get("/v1/models")

@@ -243,3 +243,43 @@ def test_the_client_speaks_to_the_server(server):
     assert req.done and st.error in (None, "no_call"), st.error_detail     # a random model: any answer
     assert st.server["shared_block"] and st.server["n_forwards"] <= 8 and st.server["queue_s"] >= 0
     assert st.n_queries == len(sp.build_wave(rec["messages"], rec["tools"]).queries)
+
+
+def test_a_client_that_goes_away_stops_its_wave():
+    """The server watches for the disconnect and abandons the wave at its next forward (499 in its own log)."""
+    import socket
+    import time
+
+    model, tok = tiny_model("llama"), byte_tokenizer()
+    forwards = []
+
+    def slow(module, args, kwargs):     # ~0.1 s per forward: a wave of 16 steps would take ~1.6 s
+        forwards.append(1)
+        time.sleep(0.1)
+
+    hook = model.register_forward_pre_hook(slow, with_kwargs=True)
+    sidecar = Sidecar(model, tok, metadata={"layout_version": sp.LAYOUT_VERSION})
+    limits = Limits(max_body_bytes=200_000, max_prompts=64, max_prompt_tokens=6000, max_tokens=200)
+    try:
+        with running_app(create_app(sidecar, limits=limits)) as url:
+            parts = urllib.parse.urlsplit(url)
+            body = json.dumps({"model": "sidecar", "prompt": ["shared block\nq1", "shared block\nq2"],
+                               "max_tokens": 200, "temperature": 0}).encode()
+            with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                deadline = time.monotonic() + 20
+                while not forwards and time.monotonic() < deadline:   # the wave has started
+                    time.sleep(0.02)
+            # the client is gone; the server notices within one poll + one forward
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                h = get(url, "/health")[1]
+                if h.get("cancelled") and h["running"] == 0:
+                    break
+                time.sleep(0.05)
+            assert h.get("cancelled") == 1 and h["running"] == h["waiting"] == 0, h
+            assert len(forwards) < 100                      # far fewer than the 200 steps it was asked for
+            assert post(url, {"prompt": ["a\nb"], "max_tokens": 2})[0] == 200   # and it keeps answering
+    finally:
+        hook.remove()
