@@ -368,11 +368,23 @@ def headline(results: dict) -> str:
             f"run took {results['wall_s'] / 60:.1f} min (started {results['started']}).")
 
 
+def regenerate_sentence(results: dict) -> str:
+    if results["command"] == results["full_command"]:
+        return f"Regenerate (this is the full matrix): `{results['command']}`."
+    return f"Regenerate: `{results['command']}`; the full matrix: `{results['full_command']}`."
+
+
+def report_dir_of(results: dict) -> str:
+    """The report folder the run wrote (the command's second argument), for the rebuild command."""
+    words = results["command"].split()
+    return words[4] if len(words) > 4 and words[:3] == ["python", "-m", "ooospec.eval.transfer"] else "eval/reports/transfer"
+
+
 def markdown(results: dict) -> str:
     """The whole Markdown report."""
     by_slug = {t.slug: t for t in tables(results)}
     parts = ["# Transfer: one frozen sidecar, every target", "", headline(results), "",
-             f"Regenerate: `{results['command']}`; the full matrix: `{results['full_command']}`.", "",
+             regenerate_sentence(results), "",
              "![speedup per target and benchmark](speedup.png)", "",
              "Dots: median per-example speedup vs AR with its bootstrap 95% interval; crosses: ratio of mean times.",
              "", "## Headline", "", table_markdown(by_slug["speedup"]), "", table_markdown(by_slug["median"]), "",
@@ -558,9 +570,10 @@ for under {WRONG:.0%}, a gold-hint ceiling under {HELPS:.2f}x), plus what the pr
 {table_html(by_slug["setup"])}
 <footer>
 <p>Regenerate this run: <code class="cmd">{esc(results["command"])}</code></p>
-<p>The full matrix: <code class="cmd">{esc(results["full_command"])}</code></p>
+{"" if results["command"] == results["full_command"] else
+ f'<p>The full matrix: <code class="cmd">{esc(results["full_command"])}</code></p>'}
 <p>Every number on this page is read from <code>transfer.json</code>, the stage's output;
-<code>ooospec transfer-report eval/reports/transfer/transfer.json --out-dir eval/reports/transfer</code> rebuilds
+<code>ooospec transfer-report {report_dir_of(results)}/transfer.json --out-dir {report_dir_of(results)}</code> rebuilds
 this page and <code>transfer.md</code> from it. Code fingerprint {esc(str(results.get("code")))}.</p>
 </footer>
 </main>"""

@@ -198,3 +198,18 @@ def test_wandb_run_logs_the_report_tables(results, tmp_path, monkeypatch):
     for table in R.tables(results):
         assert logged[f"transfer/{table.slug}"].columns == table.headers
     assert "transfer/report" in logged and "transfer/speedup_plot" in logged
+
+
+def test_regenerate_commands_name_the_run_and_its_own_report_folder(results):
+    default = {**results, "command": "dvc repro transfer",
+               "full_command": "python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full "
+                               "metrics/transfer-full.json --params eval/transfer_full.yaml"}
+    md = R.markdown(default)
+    assert "Regenerate: `dvc repro transfer`; the full matrix: `python -m ooospec.eval.transfer" in md
+    assert "ooospec transfer-report eval/reports/transfer/transfer.json" in R.html_page(default, {})
+    full = {**default, "command": default["full_command"]}
+    md = R.markdown(full)
+    assert md.count(full["full_command"]) == 1 and "Regenerate (this is the full matrix)" in md
+    page = R.html_page(full, {})
+    assert page.count(full["full_command"]) == 1
+    assert "ooospec transfer-report eval/reports/transfer-full/transfer.json --out-dir eval/reports/transfer-full" in page
