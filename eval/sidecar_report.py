@@ -25,7 +25,7 @@ from ooospec.eval.report import fmt_cell
 COLUMNS = [
     ("base", lambda t, e: e.get("base"), "{}"),
     ("requests trained", lambda t, e: t.get("requests", {}).get("trained"), "{:d}"),
-    ("train s", lambda t, e: t.get("train_seconds"), "{:.0f}"),
+    ("train s", lambda t, e: _train_seconds(t), "{}"),
     ("train threads", lambda t, e: t.get("threads"), "{:d}"),
     ("CPU-s / request", lambda t, e: _per_request(t), "{:.2f}"),
     ("final loss", lambda t, e: t.get("final_loss"), "{:.3f}"),
@@ -50,10 +50,28 @@ def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
+def _fraction_this_run(train: dict) -> float:
+    """The share of the run's steps that its timings cover (a resumed run times only the steps after the resume)."""
+    steps, this_run = train.get("steps"), train.get("steps_this_run")
+    return this_run / steps if steps and this_run is not None else 1.0
+
+
+def _train_seconds(train: dict) -> str | None:
+    """``"6985"``, or ``"3519 (325 of 400 steps)"`` for a resumed run: its seconds cover only the steps after the resume."""
+    secs = train.get("train_seconds")
+    if secs is None:
+        return None
+    if _fraction_this_run(train) < 1.0:
+        return f"{secs:.0f} ({train['steps_this_run']} of {train['steps']} steps)"
+    return f"{secs:.0f}"
+
+
 def _per_request(train: dict) -> float | None:
+    """Training CPU-seconds per request, from the steps the timing covers."""
     n = train.get("requests", {}).get("trained")
     cpu = train.get("train_cpu_seconds")
-    return cpu / n if n and cpu is not None else None
+    frac = _fraction_this_run(train)
+    return cpu / (n * frac) if n and cpu is not None and frac > 0 else None
 
 
 def parse_run(spec: str) -> tuple[str, Path | None, Path]:
@@ -76,33 +94,64 @@ def table(runs: list[tuple[str, dict, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+TICKS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)
+
+
+def eval_set(ev: dict) -> str:
+    """The short name of the rows a run was evaluated on: ``heldout``, ``apibank-l1``, ..."""
+    return Path(str(ev.get("source") or "?").split()[0]).stem
+
+
 def plot(runs: list[tuple[str, dict, dict]], path: Path) -> None:
+    """One panel per eval set (heldout first): x = median wave latency (log), y = function accuracy (circles) and
+    non-null argument EM (squares), one colour per sidecar (the label before any ``@``), the always-0 floor dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for key, getter, marker in (("function acc", lambda e: e["function_index"]["accuracy"], "o"),
-                                ("arg EM non-null", lambda e: e["argument"]["exact_match_non_null"], "s")):
-        xs = [_s(e["latency"].get("wave", {}).get("median_ms")) for _, _, e in runs]
-        ys = [getter(e) for _, _, e in runs]
-        pts = [(x, y, label) for (label, _, _), x, y in zip(runs, xs, ys) if x is not None and y is not None]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=key)
-        if marker == "o":  # one label per run
-            for x, y, label in pts:
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    floors = {e.get("baselines", {}).get("function_index_always_0") for _, _, e in runs} - {None}
-    if len(floors) == 1:  # the same heldout rows: one constant-answer floor
-        ax.axhline(floors.pop(), ls="--", lw=1, color="grey", label="function: always answer 0")
+    sets = sorted({eval_set(e) for _, _, e in runs}, key=lambda n: (n != "heldout", n))
+    sidecars = list(dict.fromkeys(label.split("@")[0] for label, _, _ in runs))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(sidecars)}
+    fig, axes = plt.subplots(1, len(sets), figsize=(3.3 * len(sets) + 1.2, 3.6), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax, name in zip(axes[0], sets):
+        for label, _, e in runs:
+            if eval_set(e) != name:
+                continue
+            x = _s(e["latency"].get("wave", {}).get("median_ms"))
+            c = colours[label.split("@")[0]]
+            for y, marker in ((e["function_index"]["accuracy"], "o"), (e["argument"]["exact_match_non_null"], "s")):
+                if x is not None and y is not None:
+                    ax.scatter([x], [y], marker=marker, color=c, s=36)
+        # the constant-answer floor of the largest evaluation of this set (every run's own floor is in the table)
+        sized = [(e.get("requests") or 0, e.get("baselines", {}).get("function_index_always_0"))
+                 for _, _, e in runs if eval_set(e) == name]
+        floor = max(sized, key=lambda t: t[0])[1] if sized else None
+        if floor is not None:
+            ax.axhline(floor, ls="--", lw=1, color="grey")
+        n = {e.get("requests") for _, _, e in runs if eval_set(e) == name}
+        ax.set_title(f"{name} ({'/'.join(str(k) for k in sorted(n, key=str))} requests)", fontsize=9)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(TICKS_S))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("median wave, s (log)", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("accuracy")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color=colours[n], label=n) for n in sidecars]
+    handles += [Line2D([], [], ls="", marker="o", color="k", label="function acc"),
+                Line2D([], [], ls="", marker="s", color="k", label="arg EM non-null"),
+                Line2D([], [], ls="--", color="grey", label="function: always 0")]
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     threads = {e["latency"].get("threads") for _, _, e in runs}
-    ax.set_xlabel(f"median one-pass wave latency, s ({'/'.join(str(t) for t in sorted(threads, key=str))} thread(s))")
-    ax.set_ylabel("heldout accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title("OoO-Spec sidecar: quality vs wave latency")
-    fig.tight_layout()
+    fig.suptitle(f"OoO-Spec sidecar: quality vs one-pass wave latency ({'/'.join(str(t) for t in sorted(threads, key=str))}"
+                 " thread(s))", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.3 / (3.3 * len(sets) + 1.2), 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -15,6 +15,10 @@ Tokenization is the runtime's: block and query tokenized apart (:func:`ooospec.r
 answers tokenized alone, EOS appended. A request longer than ``max_len`` is split into several sequences, each
 with the block and as many whole segments as fit; a slot that cannot fit even alone is dropped (and counted).
 
+Loss weights (optional, recipe ``loss_weight_*``): :func:`slot_weight` gives each slot a weight -- the index
+answer and ``null`` argument answers apart from the rest -- and the packed sequence then carries ``label_weights``
+(that weight on each of the slot's label tokens, 0 elsewhere). Without weights nothing changes.
+
 Worked example: block ``[b0, b1]``, segments ``[q, a, E]`` and ``[r, c, E]`` pack to
 ``input_ids = [b0, b1, q, a, E, r, c, E]``, ``position_ids = [0, 1, 2, 3, 4, 2, 3, 4]``,
 ``segment_ids = [0, 0, 1, 1, 1, 2, 2, 2]``, ``labels = [-100, -100, -100, a, E, -100, c, E]``.
@@ -42,22 +46,46 @@ class PackStats:
     label_tokens: int           # answer tokens + EOS (what the loss covers)
 
 
-def pack_request(tokenizer, row: dict, max_len: int) -> tuple[list[dict], int]:
-    """Sequences ``{"input_ids", "labels", "position_ids", "segment_ids"}`` for one request row; and how many of
-    its slots were dropped because block + slot exceeds ``max_len``."""
+@dataclass(frozen=True)
+class LossWeights:
+    """Per-slot loss weights: the function-index answer, ``null`` argument answers; every other slot weighs 1."""
+
+    function_index: float = 1.0
+    null: float = 1.0
+
+    @property
+    def uniform(self) -> bool:
+        return self.function_index == 1.0 and self.null == 1.0
+
+
+def slot_weight(slot: dict, weights: LossWeights) -> float:
+    """The loss weight of one slot's answer tokens (+EOS)."""
+    if slot["form"] == "function_index":
+        return weights.function_index
+    if slot["form"] == "argument" and slot["answer"] == "null":
+        return weights.null
+    return 1.0
+
+
+def pack_request(tokenizer, row: dict, max_len: int,
+                 weights: LossWeights | None = None) -> tuple[list[dict], int]:
+    """Sequences ``{"input_ids", "labels", "position_ids", "segment_ids"}`` (+ ``label_weights`` when ``weights``
+    is given) for one request row; and how many of its slots were dropped because block + slot exceeds
+    ``max_len``."""
     block, queries = encode_wave(tokenizer, row_wave(row)[0])
     answers = tokenizer([s["answer"] for s in row["slots"]], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
-    segments = [(list(q), list(a) + [eos]) for q, a in zip(queries, answers)]
+    slot_w = [slot_weight(s, weights) if weights is not None else None for s in row["slots"]]
+    segments = [(list(q), list(a) + [eos], w) for q, a, w in zip(queries, answers, slot_w)]
     out, dropped = [], 0
-    current: list[tuple[list[int], list[int]]] = []
+    current: list[tuple[list[int], list[int], float | None]] = []
     used = len(block)
 
     def flush() -> None:
         if current:
-            out.append(_pack(block, current))
+            out.append(_pack(block, current, weighted=weights is not None))
 
-    for q, a in segments:
+    for q, a, w in segments:
         n = len(q) + len(a)
         if len(block) + n > max_len:
             dropped += 1
@@ -65,28 +93,38 @@ def pack_request(tokenizer, row: dict, max_len: int) -> tuple[list[dict], int]:
         if used + n > max_len:
             flush()
             current, used = [], len(block)
-        current.append((q, a))
+        current.append((q, a, w))
         used += n
     flush()
     return out, dropped
 
 
-def _pack(block: Sequence[int], segments: Sequence[tuple[list[int], list[int]]]) -> dict:
+def _pack(block: Sequence[int], segments: Sequence[tuple[list[int], list[int], float | None]],
+          weighted: bool = False) -> dict:
     ids, labels = list(block), [IGNORE] * len(block)
     positions, segs = list(range(len(block))), [0] * len(block)
-    for k, (q, a) in enumerate(segments, 1):
+    label_weights = [0.0] * len(block)
+    for k, (q, a, w) in enumerate(segments, 1):
         ids += q + a
         labels += [IGNORE] * len(q) + a
+        label_weights += [0.0] * len(q) + [float(w) if w is not None else 1.0] * len(a)
         positions += list(range(len(block), len(block) + len(q) + len(a)))
         segs += [k] * (len(q) + len(a))
-    return {"input_ids": ids, "labels": labels, "position_ids": positions, "segment_ids": segs}
+    out = {"input_ids": ids, "labels": labels, "position_ids": positions, "segment_ids": segs}
+    if weighted:
+        out["label_weights"] = label_weights
+    return out
 
 
-def pack_rows(tokenizer, rows: Sequence[dict], max_len: int) -> tuple[list[dict], PackStats]:
-    """Pack every request row; returns the sequences (row order) and counts."""
+def pack_rows(tokenizer, rows: Sequence[dict], max_len: int,
+              weights: LossWeights | None = None) -> tuple[list[dict], PackStats]:
+    """Pack every request row; returns the sequences (row order) and counts. ``weights`` (non-uniform) adds
+    ``label_weights`` to every sequence."""
+    if weights is not None and weights.uniform:
+        weights = None
     seqs, dropped, slots = [], 0, 0
     for row in rows:
-        packed, d = pack_request(tokenizer, row, max_len)
+        packed, d = pack_request(tokenizer, row, max_len, weights)
         seqs += packed
         dropped += d
         slots += len(row["slots"])
@@ -116,6 +154,8 @@ class PackedCollator:
     whose NEXT token is a label) and ``shift_labels`` (those next tokens, flattened): the model then runs its
     vocabulary projection and cross-entropy on the ~10% of positions that are trained instead of all of them.
     The loss is the same (it is the mean over label tokens either way); ``labels`` stay for the Trainer.
+    Sequences with ``label_weights`` add ``label_weights`` aligned with ``shift_labels`` (needs ``label_logits_only``;
+    :class:`~ooospec.pipelines.train_sidecar.WeightedLossTrainer` consumes it).
     """
 
     def __init__(self, pad_token_id: int, mask_dtype: torch.dtype = torch.float32, label_logits_only: bool = True):
@@ -142,4 +182,10 @@ class PackedCollator:
             keep = next_labels != IGNORE
             batch["logits_to_keep"] = keep
             batch["shift_labels"] = next_labels[keep]
+        if "label_weights" in features[0]:
+            if not self.label_logits_only:
+                raise ValueError("label_weights need label_logits_only=True (weights align with shift_labels)")
+            w = torch.tensor([list(f["label_weights"]) + [0.0] * (L - len(f["label_weights"])) for f in features])
+            next_w = torch.nn.functional.pad(w[:, 1:], (0, 1), value=0.0)
+            batch["label_weights"] = next_w[keep]
         return batch

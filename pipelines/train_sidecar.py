@@ -38,9 +38,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ooospec.pipelines.packing import PackedCollator, pack_rows
+from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
 from ooospec.pipelines.params import as_dict, load_section
-from ooospec.pipelines.recipe import Recipe, load_base, load_recipe, recipe_to_yaml
+from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
 from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
 from ooospec.pipelines.slot_rows import read_request_rows
 from ooospec.runtime import sidecar_prompts as sp
@@ -155,6 +155,37 @@ def training_args(recipe: Recipe, output_dir: Path, seed: int, bf16: bool, repor
     )
 
 
+def loss_weights(recipe: Recipe) -> LossWeights:
+    return LossWeights(function_index=recipe.loss_weight_function_index, null=recipe.loss_weight_null)
+
+
+def _weighted_trainer_class():
+    from transformers import Trainer
+
+    class WeightedLossTrainer(Trainer):
+        """``Trainer`` whose loss weighs each answer token by its slot (the collator's ``label_weights``).
+
+        loss = sum_i w_i * CE_i / N, N = the label tokens of the whole accumulated batch (``num_items_in_batch``,
+        as the model's own loss does), so weights of 1 give exactly the plain loss, gradient accumulation included.
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            import torch
+
+            inputs = dict(inputs)
+            weights = inputs.pop("label_weights")
+            shift_labels = inputs.pop("shift_labels")
+            inputs.pop("labels", None)
+            outputs = model(**inputs)
+            logits = outputs.logits.reshape(-1, outputs.logits.shape[-1]).float()
+            ce = torch.nn.functional.cross_entropy(logits, shift_labels.to(logits.device), reduction="none")
+            n = num_items_in_batch if num_items_in_batch is not None else shift_labels.numel()
+            loss = (ce * weights.to(ce.device, ce.dtype)).sum() / n
+            return (loss, outputs) if return_outputs else loss
+
+    return WeightedLossTrainer
+
+
 def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, output_dir: Path, seed: int,
                   bf16: bool = False, report_to: str | None = None):
     """A transformers ``Trainer`` over packed ``sequences`` with a fresh LoRA on ``model``.
@@ -170,7 +201,8 @@ def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, outpu
     peft_model = get_peft_model(model, lora_config(recipe))
     data = Dataset.from_list([{**s, "length": len(s["input_ids"])} for s in sequences])
     collator = PackedCollator(tokenizer.pad_token_id, mask_dtype=model.dtype)
-    return Trainer(model=peft_model, args=training_args(recipe, output_dir, seed, bf16, report_to),
+    trainer_class = _weighted_trainer_class() if "label_weights" in sequences[0] else Trainer
+    return trainer_class(model=peft_model, args=training_args(recipe, output_dir, seed, bf16, report_to),
                    train_dataset=data, data_collator=collator, processing_class=tokenizer)
 
 
@@ -182,7 +214,8 @@ def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str) -
     The thread count and ``resume`` are not part of it: a run may continue on another number of cores.
     """
     run_params = {k: v for k, v in as_dict(params).items() if k not in ("threads", "resume")}
-    return hashlib.sha256(canonical_json({"params": run_params, "recipe": as_dict(recipe), "data": data_sha,
+    recipe_dict = {k: v for k, v in as_dict(recipe).items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+    return hashlib.sha256(canonical_json({"params": run_params, "recipe": recipe_dict, "data": data_sha,
                                           "layout": sp.LAYOUT_VERSION}).encode()).hexdigest()
 
 
@@ -288,7 +321,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         raise ValueError(f"{train_path}: no request rows to train on")
     chosen = select_requests(all_rows, params.max_train_requests, params.seed)
     model, tok = load_base(recipe, threads)
-    sequences, pack = pack_rows(tok, chosen, recipe.max_len)
+    sequences, pack = pack_rows(tok, chosen, recipe.max_len, loss_weights(recipe))
     if pack.slots_dropped:
         logger.warning("dropped %d of %d slots: block + slot longer than max_len=%d tokens",
                        pack.slots_dropped, pack.slots, recipe.max_len)

@@ -52,3 +52,11 @@ def test_cli_writes_table_and_png(tmp_path):
     assert sr.main([*specs, "--out-dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "table.md").read_text().count("\n") == 4
     assert (tmp_path / "out" / "sidecar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_resumed_run_says_which_steps_its_time_covers():
+    train, ev = metrics("smollm2-135m", 0.5, 500.0)
+    train.update(steps=400, steps_this_run=100)
+    row = sr.table([("resumed", train, ev)]).splitlines()[2]
+    # 300 s over the last 100 of 400 steps; CPU-s per request from those steps: 250 / (100 requests * 1/4)
+    assert row.startswith("| resumed | smollm2-135m | 100 | 300 (100 of 400 steps) | 1 | 10.00 |")

@@ -140,3 +140,63 @@ def test_wandb_is_offline_unless_the_user_chose(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     ts.configure_wandb("wandb", tmp_path, "ooo-spec")
     assert "WANDB_MODE" not in os.environ
+
+
+def _loss_and_grads(trainer, batch):
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    return loss.detach(), grads
+
+
+def test_weighted_loss_with_unit_weights_is_the_plain_loss_and_weights_scale_their_slots(tmp_path, rows):
+    from ooospec.pipelines.packing import LossWeights, slot_weight
+
+    tok = byte_tokenizer()
+    recipe = recipe_from_dict(tiny_recipe_dict(tmp_path / "unused", max_steps=1, init_lora_weights=False))
+    plain_seqs, _ = pack_rows(tok, rows[:3], recipe.max_len)
+    # unit weights forced through the weighted path (pack_rows drops uniform weights, so add them by hand)
+    unit_seqs = [{**s, "label_weights": [0.0 if lab == IGNORE else 1.0 for lab in s["labels"]]} for s in plain_seqs]
+    plain = ts.build_trainer(tiny_llama(), tok, plain_seqs, recipe, tmp_path / "a", seed=0)
+    unit = ts.build_trainer(tiny_llama(), tok, unit_seqs, recipe, tmp_path / "b", seed=0)
+    assert type(unit).__name__ == "WeightedLossTrainer" and type(plain).__name__ == "Trainer"
+    b_plain = plain.data_collator([plain.train_dataset[i] for i in range(3)])
+    b_unit = unit.data_collator([unit.train_dataset[i] for i in range(3)])
+    n = b_plain["shift_labels"].numel()
+    l_plain, g_plain = _loss_and_grads(plain, {**b_plain, "num_items_in_batch": n})
+    l_unit, g_unit = _loss_and_grads(unit, {**b_unit, "num_items_in_batch": n})
+    assert torch.allclose(l_plain, l_unit, atol=1e-6)
+    for name, g in g_plain.items():
+        assert torch.allclose(g, g_unit[name], atol=1e-6), name
+
+    # real weights: every label token carries its slot's weight, and the loss is sum(w * CE) / N
+    weights = LossWeights(function_index=4.0, null=0.25)
+    w_seqs, _ = pack_rows(tok, rows[:3], recipe.max_len, weights)
+    for seq, row in zip(w_seqs, rows[:3]):
+        got = [w for w, lab in zip(seq["label_weights"], seq["labels"]) if lab != IGNORE]
+        want = [slot_weight(s, weights) for s in row["slots"]
+                for _ in tok(s["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+        assert got == want, row["id"]
+    assert {4.0, 0.25} <= set(sum((s["label_weights"] for s in w_seqs), []))
+    weighted = ts.build_trainer(tiny_llama(), tok, w_seqs, recipe, tmp_path / "c", seed=0)
+    b_w = weighted.data_collator([weighted.train_dataset[i] for i in range(3)])
+    assert torch.equal(b_w["shift_labels"], b_plain["shift_labels"]) and b_w["label_weights"].shape == (n,)
+    with torch.no_grad():
+        out = weighted.model(**{k: v for k, v in b_w.items() if k not in ("labels", "shift_labels", "label_weights")})
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(n, -1).float(), b_w["shift_labels"], reduction="none")
+        got = weighted.compute_loss(weighted.model, {**b_w, "num_items_in_batch": n})
+    assert torch.allclose(got, (ce * b_w["label_weights"]).sum() / n, atol=1e-6)
+    assert not torch.allclose(got, ce.mean())
+    assert weighted.train().training_loss > 0    # and the Trainer's own loop runs it (label_weights reach the loss)
+
+
+def test_uniform_loss_weights_keep_the_run_fingerprint(tmp_path):
+    params = ts.TrainSidecarParams(recipe="<tiny>", max_train_requests=8, seed=3, threads=1, resume=True)
+    base = recipe_from_dict(tiny_recipe_dict(tmp_path))
+    same = recipe_from_dict(tiny_recipe_dict(tmp_path, loss_weight_function_index=1.0, loss_weight_null=1.0))
+    other = recipe_from_dict(tiny_recipe_dict(tmp_path, loss_weight_function_index=4.0))
+    assert ts.run_fingerprint(params, base, "x") == ts.run_fingerprint(params, same, "x")
+    assert ts.run_fingerprint(params, base, "x") != ts.run_fingerprint(params, other, "x")
+    with pytest.raises(ValueError, match="loss_weight_null"):
+        recipe_from_dict(tiny_recipe_dict(tmp_path, loss_weight_null=0.0))
