@@ -182,6 +182,34 @@ def joined_score(joined: Sequence[dict | None], gold: Sequence[dict]) -> dict:
             "none": sum(j is None for j in joined)}
 
 
+def source_of(row: dict) -> str:
+    """The dataset a request row comes from: its id's first part (``sealtools/dev/...#0`` -> ``sealtools``)."""
+    return str(row.get("id", "?")).split("/", 1)[0]
+
+
+def by_source(per_row: Sequence[tuple[str, list[dict], list[str], dict | None, dict | None]]) -> dict:
+    """Per source, the headline metrics of its rows: ``per_row`` holds ``(source, slots, answers, joined, gold)``.
+
+    Tells where the function choice fails (e.g. many-tool Seal-Tools requests vs one-tool API-Bank ones).
+    """
+    groups: dict[str, list] = {}
+    for item in per_row:
+        groups.setdefault(item[0], []).append(item)
+    out = {}
+    for name in sorted(groups):
+        items = groups[name]
+        slots = [s for it in items for s in it[1]]
+        answers = [a for it in items for a in it[2]]
+        sc = score(slots, answers)
+        pairs = [(it[3], it[4]) for it in items if it[4] is not None]
+        out[name] = {"requests": len(items),
+                     "function_acc": sc["function_index"]["accuracy"],
+                     "function_always_0": trivial_baselines(slots)["function_index_always_0"],
+                     "argument_exact_match_non_null": sc["argument"]["exact_match_non_null"],
+                     "joined_exact_match": joined_score([j for j, _ in pairs], [g for _, g in pairs])["exact_match"]}
+    return out
+
+
 def _summary(values: Sequence[float]) -> dict:
     ms = sorted(v * 1000 for v in values)
     if not ms:
@@ -220,7 +248,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     if not chosen:
         raise ValueError("no requests to evaluate")
     sidecar, dtype, dtype_why = load_sidecar(Path(adapter_dir) if adapter_dir else None, params, base)
-    all_slots, all_answers, joined, gold_calls = [], [], [], []
+    all_slots, all_answers, joined, gold_calls, per_row = [], [], [], [], []
     waves = {"wave_s": [], "prefill_s": [], "decode_s": [], "queries": [], "forwards": [], "block_tokens": []}
     sidecar.answer(row_wave(chosen[0], sp.WAVE_FORMS)[0])  # warm-up: allocator, kernels, caches
     for row in tqdm(chosen, desc="eval_sidecar", unit="req"):
@@ -235,14 +263,17 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         all_slots += slots
         all_answers += result.answers
         call_slot = next((s for s in row["slots"] if s["form"] == "direct_call"), None)
+        gold = row_joined = None
         if call_slot is not None:
             gold = json.loads(call_slot["answer"])
+            row_joined = join_answers(row["tools"], wave, result.answers)
             gold_calls.append(gold)
-            joined.append(join_answers(row["tools"], wave, result.answers))
-            if params.direct_call:
-                dc_wave, dc_slots = row_wave(row, ("direct_call",))
-                all_slots += dc_slots
-                all_answers += sidecar.answer(dc_wave).answers
+            joined.append(row_joined)
+        per_row.append((source_of(row), slots, list(result.answers), row_joined, gold))
+        if call_slot is not None and params.direct_call:
+            dc_wave, dc_slots = row_wave(row, ("direct_call",))
+            all_slots += dc_slots
+            all_answers += sidecar.answer(dc_wave).answers
     metrics = {
         "adapter": str(adapter_dir) if base is None else None,
         "base": sidecar.metadata.get("base"),
@@ -255,6 +286,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         **score(all_slots, all_answers),
         "joined": joined_score(joined, gold_calls),
         "baselines": trivial_baselines(all_slots),
+        "by_source": by_source(per_row),
         "latency": {"what": "index + every tool x parameter, one pass", "threads": torch.get_num_threads(),
                     "wave": _summary(waves["wave_s"]), "prefill": _summary(waves["prefill_s"]),
                     "decode": _summary(waves["decode_s"]),

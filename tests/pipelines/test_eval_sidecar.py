@@ -71,6 +71,22 @@ def test_joined_score_compares_whole_calls():
     assert ev.joined_score(joined, gold) == {"n": 2, "exact_match": 0.5, "name_accuracy": 0.5, "none": 1}
 
 
+def test_by_source_scores_each_dataset_on_its_own_rows(rows):
+    # perfect answers everywhere, except every index answer of the sealtools rows is wrong
+    per_row = []
+    for r in rows:
+        answers = [("7" if s["form"] == "function_index" and r["id"].startswith("sealtools") else s["answer"])
+                   for s in r["slots"]]
+        gold = json.loads(next(s["answer"] for s in r["slots"] if s["form"] == "direct_call"))
+        per_row.append((ev.source_of(r), r["slots"], answers, gold, gold))
+    got = ev.by_source(per_row)
+    assert list(got) == ["apibank", "sealtools", "toolalpaca"]
+    assert got["apibank"]["requests"] == 3 and got["apibank"]["function_acc"] == 1.0
+    assert got["sealtools"] == {"requests": 3, "function_acc": 0.0, "function_always_0": 0.333333,
+                                "argument_exact_match_non_null": 1.0, "joined_exact_match": 1.0}
+    assert got["toolalpaca"]["function_always_0"] == 0.666667
+
+
 def test_select_requests_bounds_and_is_seeded(rows):
     two = ev.select_requests(rows, 2, seed=0)
     assert len(two) == 2 and two == ev.select_requests(rows[::-1], 2, seed=0)
@@ -107,5 +123,6 @@ def test_run_end_to_end_on_a_tiny_sidecar(tmp_path, rows):
     lat = m["latency"]
     assert lat["threads"] == 1 and lat["wave"]["median_ms"] > 0 and lat["prefill"]["median_ms"] > 0
     assert lat["median_forwards"] <= params.max_new_tokens
+    assert sum(v["requests"] for v in m["by_source"].values()) == 3
     floor = ev.run(params, rows, None, tmp_path / "base.json", base=str(base))
     assert floor["adapter"] is None and floor["requests"] == 3
