@@ -94,6 +94,20 @@ def table(runs: list[tuple[str, dict, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def source_table(runs: list[tuple[str, dict, dict]]) -> str:
+    """Markdown table of the runs' ``by_source`` metrics (one row per run x source); empty when no run has them."""
+    rows = [(label, name, m) for label, _, e in runs for name, m in (e.get("by_source") or {}).items()]
+    if not rows:
+        return ""
+    lines = ["| run | source | requests | function acc | (always 0) | arg EM non-null | joined call EM |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for label, name, m in rows:
+        cells = [fmt_cell(m.get("requests"), "{:d}")] + [fmt_cell(m.get(k), "{:.1%}") for k in (
+            "function_acc", "function_always_0", "argument_exact_match_non_null", "joined_exact_match")]
+        lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 TICKS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)
 
 
@@ -171,6 +185,9 @@ def run_cli(args: argparse.Namespace) -> int:
         runs.append((label, train, json.loads(eval_path.read_text())))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     text = table(runs)
+    per_source = source_table(runs)
+    if per_source:
+        text += "\nPer source (`eval_sidecar`'s `by_source`):\n\n" + per_source
     (args.out_dir / "table.md").write_text(text)
     plot(runs, args.out_dir / "sidecar.png")
     print(text, end="")

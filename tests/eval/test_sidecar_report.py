@@ -60,3 +60,12 @@ def test_a_resumed_run_says_which_steps_its_time_covers():
     row = sr.table([("resumed", train, ev)]).splitlines()[2]
     # 300 s over the last 100 of 400 steps; CPU-s per request from those steps: 250 / (100 requests * 1/4)
     assert row.startswith("| resumed | smollm2-135m | 100 | 300 (100 of 400 steps) | 1 | 10.00 |")
+
+
+def test_per_source_table_only_for_runs_that_have_it():
+    train, ev = metrics("smollm2-135m", 0.5, 500.0)
+    assert sr.source_table([("old", train, ev)]) == ""
+    ev = {**ev, "by_source": {"sealtools": {"requests": 3, "function_acc": 0.25, "function_always_0": 0.5,
+                                            "argument_exact_match_non_null": None, "joined_exact_match": 0.0}}}
+    text = sr.source_table([("old", train, metrics("x", 0.5, 1.0)[1]), ("new", train, ev)])
+    assert text.splitlines()[2] == "| new | sealtools | 3 | 25.0% | 50.0% | - | 0.0% |" and len(text.splitlines()) == 3
