@@ -148,17 +148,27 @@ class SidecarHints:
                 "target_sidecar_s": st.build_s + hint["match_s"]}
 
 
+def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ascending ``sorted_values`` by nearest rank (``eval_sidecar``'s p90 rule)."""
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
 def summarize_hints(rows: Sequence[dict]) -> dict | None:
     """Per-method hint summary over rows that carry ``hints`` (None when none do).
 
     Rates are over requests: ``ready_before_first_tree`` (bank ready at step 0), ``ready_before_end`` (ready at
-    some step), ``used`` (at least one hint token accepted) -- the paper's 65.2% / 98.6% / 94.6%.
+    some step), ``used`` (at least one hint token accepted) -- the paper's 65.2% / 98.6% / 94.6%. Latency:
+    the wave as the client saw it (median, nearest-rank p90) and the server's own prefill and decode (medians).
     """
     hints = [r["hints"] for r in rows if r.get("hints")]
     if not hints:
         return None
     n = len(hints)
     ready = [h["ready_s"] for h in hints if h.get("ready_s") is not None]
+    waves = sorted(h["wave_s"] for h in hints if h.get("wave_s") is not None)
+    server = [h.get("server") or {} for h in hints]
+    prefill = [sv["prefill_s"] for sv in server if sv.get("prefill_s") is not None]
+    decode = [sv["decode_s"] for sv in server if sv.get("decode_s") is not None]
     payload = [h["payload_bytes"] for h in hints if h.get("payload_bytes") is not None]
     errors: dict[str, int] = {}
     for h in hints:
@@ -171,6 +181,10 @@ def summarize_hints(rows: Sequence[dict]) -> dict | None:
         "used": sum(bool(h.get("num_accepted_tokens")) for h in hints) / n,
         "mean_hint_tokens_accepted": statistics.fmean(h.get("num_accepted_tokens") or 0 for h in hints),
         "median_ready_s": statistics.median(ready) if ready else None,
+        "median_wave_s": statistics.median(waves) if waves else None,
+        "p90_wave_s": nearest_rank(waves, 0.9) if waves else None,
+        "median_server_prefill_s": statistics.median(prefill) if prefill else None,
+        "median_server_decode_s": statistics.median(decode) if decode else None,
         "median_payload_bytes": statistics.median(payload) if payload else None,
         "mean_target_sidecar_s": statistics.fmean(h.get("target_sidecar_s") or 0.0 for h in hints),
         "errors": errors,

@@ -110,6 +110,10 @@ HINT_COLUMNS: list[tuple] = [
     ("used", "used", "{:.0%}"),
     ("hint tokens accepted (mean)", "mean_hint_tokens_accepted", "{:.1f}"),
     ("ready after (median s)", "median_ready_s", "{:.3f}"),
+    ("wave median s", "median_wave_s", "{:.3f}"),
+    ("wave p90 s", "p90_wave_s", "{:.3f}"),
+    ("sidecar prefill (median s)", "median_server_prefill_s", "{:.3f}"),
+    ("sidecar decode (median s)", "median_server_decode_s", "{:.3f}"),
     ("payload bytes (median)", "median_payload_bytes", "{:.0f}"),
     ("target-side sidecar work (mean ms)", "mean_target_sidecar_s", "{:.1f}", 1e3),
 ]
@@ -126,7 +130,24 @@ def hint_table(results: dict) -> list[str]:
         h = results["methods"][name]["hints"]
         errors = ", ".join(f"{k} {v}" for k, v in sorted((h.get("errors") or {}).items())) or "-"
         lines.append(f"| {name} | " + " | ".join(cell(h, c) for c in HINT_COLUMNS) + f" | {errors} |")
-    return [""] + lines
+    return [""] + lines + wave_vs_call_lines(results, names)
+
+
+def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec") -> list[str]:
+    """One line per hint method: its median and p90 wave as fractions of the median ``against`` call of the same
+    run (the sidecar issue's budget: a hint is only worth something if the wave is short next to the call)."""
+    call = results["methods"].get(against, {}).get("median_s")
+    if not call:
+        return []
+    out = []
+    for name in names:
+        h = results["methods"][name]["hints"]
+        if h.get("median_wave_s") is None:
+            continue
+        out.append(f"{name}: median wave {h['median_wave_s']:.3f} s = {h['median_wave_s'] / call:.2f} x and p90 "
+                   f"wave {h['p90_wave_s']:.3f} s = {h['p90_wave_s'] / call:.2f} x the median {against} call "
+                   f"({call:.3f} s) of this run")
+    return [""] + out if out else []
 
 
 def markdown_table(results: dict) -> str:

@@ -270,7 +270,6 @@ def target_summary(cells: Sequence[dict]) -> dict:
         arrived = [sc for sc in scores if sc["parsed"]]
         out["hints"] = {
             **summarize_hints(hinted),
-            "median_wave_s": statistics.median(waves) if waves else None,
             "mean_wave_s": statistics.fmean(waves) if waves else None,
             "sidecar_call": metrics.call_accuracy(scores) if scores else None,          # over every request
             "sidecar_call_arrived": metrics.call_accuracy(arrived) if arrived else None,   # over calls that came

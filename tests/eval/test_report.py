@@ -68,9 +68,27 @@ def test_hint_table_only_for_methods_with_hints():
 
     res = {"methods": {"ar": {"n": 2}, "ooospec": {"n": 2, "hints": {
         "n": 2, "ready_before_first_tree": 0.5, "ready_before_end": 1.0, "used": 0.5,
-        "mean_hint_tokens_accepted": 3.0, "median_ready_s": 0.25, "median_payload_bytes": 120,
+        "mean_hint_tokens_accepted": 3.0, "median_ready_s": 0.25, "median_wave_s": 0.2, "p90_wave_s": 0.3,
+        "median_server_prefill_s": 0.12, "median_server_decode_s": 0.07, "median_payload_bytes": 120,
         "mean_target_sidecar_s": 0.002, "errors": {"timeout": 1}}}}, "examples": []}
     text = report.markdown_table(res)
-    assert "| ooospec | 2 | 50% | 100% | 50% | 3.0 | 0.250 | 120 | 2.0 | timeout 1 |" in text
+    assert ("| ooospec | 2 | 50% | 100% | 50% | 3.0 | 0.250 | 0.200 | 0.300 | 0.120 | 0.070 | 120 | 2.0 "
+            "| timeout 1 |") in text
+    assert "median wave" not in text          # no toolspec row in this run: nothing to compare the wave with
     assert "| ar |" not in text.split("| hints of |")[1]
     assert report.hint_table({"methods": {"ar": {"n": 1}}, "examples": []}) == []
+
+
+def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
+    from ooospec.eval import report
+    from ooospec.eval.ooospec_method import summarize_hints
+
+    rows = [{"hints": {"wave_s": w, "ready_s": w + 0.01, "ready_step": 0, "num_accepted_tokens": 1,
+                       "server": {"prefill_s": w / 2, "decode_s": w / 4}}} for w in (0.4, 0.1, 0.3, 0.2, 1.0)]
+    h = summarize_hints(rows)
+    assert h["median_wave_s"] == 0.3 and h["p90_wave_s"] == 1.0      # nearest rank of 5: the 5th
+    assert h["median_server_prefill_s"] == 0.15 and h["median_server_decode_s"] == 0.075
+    res = {"methods": {"ar": {"n": 5}, "toolspec": {"n": 5, "median_s": 1.2}, "ooospec": {"n": 5, "hints": h}},
+           "examples": []}
+    assert ("ooospec: median wave 0.300 s = 0.25 x and p90 wave 1.000 s = 0.83 x the median toolspec call "
+            "(1.200 s) of this run") in report.markdown_table(res)
