@@ -34,6 +34,7 @@ COLUMNS = [
     ("arg EM", lambda t, e: e["argument"]["exact_match"], "{:.1%}"),
     ("(always null)", lambda t, e: e.get("baselines", {}).get("argument_always_null"), "{:.1%}"),
     ("arg EM non-null", lambda t, e: e["argument"]["exact_match_non_null"], "{:.1%}"),
+    ("... of them in the block", lambda t, e: e["argument"].get("exact_match_in_block"), "{:.1%}"),
     ("joined call EM", lambda t, e: (e.get("joined") or {}).get("exact_match"), "{:.1%}"),
     ("direct EM", lambda t, e: e["direct_call"]["exact_match"], "{:.1%}"),
     ("requests", lambda t, e: e.get("requests"), "{:d}"),

@@ -8,6 +8,8 @@ are parsed with the runtime's own parsers and compared as canonical compact JSON
     function_index.accuracy        predicted tool index == gold index
     argument.exact_match           predicted value == gold value, over every argument slot (null slots included)
     argument.exact_match_non_null  the same over slots whose gold value is not null (the values a hint carries)
+    argument.exact_match_in_block  ... over non-null slots whose gold value is written verbatim in the request's
+                                   block (a copy would do), next to ``n_in_block`` (how many such slots there are)
     direct_call.exact_match        the whole predicted call == gold call (argument order ignored)
     joined.exact_match             join_slots(index + argument answers) == gold call: the hint the runtime builds
     joined.name_accuracy           ... its function name is right
@@ -136,7 +138,7 @@ def score(slots: Sequence[dict], answers: Sequence[str]) -> dict:
     null = {"tp": 0, "predicted_null": 0, "gold_null": 0}
     for form in sp.FORMS:
         pairs = [(s, a) for s, a in zip(slots, answers) if s["form"] == form]
-        correct = unparseable = non_null = non_null_correct = 0
+        correct = unparseable = non_null = non_null_correct = in_block = in_block_correct = 0
         mistakes = []
         for s, a in pairs:
             gold = json.loads(s["answer"])
@@ -149,6 +151,8 @@ def score(slots: Sequence[dict], answers: Sequence[str]) -> dict:
             if form == "argument":
                 non_null += gold is not None
                 non_null_correct += ok and gold is not None
+                in_block += bool(s.get("in_block"))
+                in_block_correct += ok and bool(s.get("in_block"))
                 null["gold_null"] += gold is None
                 null["predicted_null"] += pred is None
                 null["tp"] += gold is None and pred is None
@@ -157,9 +161,22 @@ def score(slots: Sequence[dict], answers: Sequence[str]) -> dict:
                      "unparseable": unparseable, "mistakes": mistakes}
         if form == "argument":
             out[form].update(n_non_null=non_null, exact_match_non_null=_ratio(non_null_correct, non_null))
+            if any("in_block" in s for s, _ in pairs):
+                out[form].update(n_in_block=in_block, exact_match_in_block=_ratio(in_block_correct, in_block))
     out["null"] = {**null, "precision": _ratio(null["tp"], null["predicted_null"]),
                    "recall": _ratio(null["tp"], null["gold_null"])}
     return out
+
+
+def in_block(slot: dict, block: str) -> bool:
+    """Whether an argument slot's gold value is non-null and written verbatim in ``block`` (a string as itself,
+    anything else as its compact JSON): the values a model could copy rather than infer."""
+    if slot["form"] != "argument":
+        return False
+    gold = json.loads(slot["answer"])
+    if gold is None:
+        return False
+    return (gold if isinstance(gold, str) else canonical_json(gold)) in block
 
 
 def trivial_baselines(slots: Sequence[dict]) -> dict:
@@ -253,6 +270,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     sidecar.answer(row_wave(chosen[0], sp.WAVE_FORMS)[0])  # warm-up: allocator, kernels, caches
     for row in tqdm(chosen, desc="eval_sidecar", unit="req"):
         wave, slots = row_wave(row, sp.WAVE_FORMS)
+        slots = [{**s, "in_block": in_block(s, row["block"])} for s in slots]
         result = sidecar.answer(wave)
         waves["wave_s"].append(result.wave_s)
         waves["prefill_s"].append(result.prefill_s)

@@ -57,6 +57,23 @@ def test_each_error_is_counted_once(rows):
         "Query: getForecast.location", "Query: getCurrentWeather.units", "Query: getForecast.days"}
 
 
+def test_in_block_counts_the_non_null_values_written_in_the_block():
+    block = 'user: weather in Kyoto for 3 days, {"unit":"C"}'
+    arg = {"form": "argument", "function": "f", "parameter": "p", "query": "Query: f.p\n"}
+    assert ev.in_block({**arg, "answer": '"Kyoto"'}, block)
+    assert ev.in_block({**arg, "answer": "3"}, block)
+    assert ev.in_block({**arg, "answer": '{"unit": "C"}'}, block)            # compared as compact JSON
+    assert not ev.in_block({**arg, "answer": '"Osaka"'}, block)
+    assert not ev.in_block({**arg, "answer": "null"}, block)
+    assert not ev.in_block({"form": "function_index", "answer": "3", "query": "Query: tool index\n"}, block)
+    slots = [{**arg, "answer": '"Kyoto"', "in_block": True}, {**arg, "answer": '"Osaka"', "in_block": False},
+             {**arg, "answer": "null", "in_block": False}]
+    m = ev.score(slots, ['"Kyoto"', "null", "null"])["argument"]
+    assert (m["n_non_null"], m["exact_match_non_null"], m["n_in_block"], m["exact_match_in_block"]) == (2, 0.5, 1, 1.0)
+    assert "n_in_block" not in ev.score([{k: v for k, v in s.items() if k != "in_block"} for s in slots],
+                                        ['"Kyoto"', "null", "null"])["argument"]
+
+
 def test_trivial_baselines_are_constant_answers_scored(rows):
     slots = _slots(rows)
     b = ev.trivial_baselines(slots)
