@@ -55,6 +55,7 @@ import logging
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -250,10 +251,24 @@ def resolve_dataset(dataset: str, root: Path = Path(".")) -> Path:
     return path
 
 
-def load_examples(path: Path, limit: int | None = None) -> list[dict]:
-    """Valid records of ``path`` sorted by id; the first ``limit`` of them. Invalid or duplicate ids raise."""
+def record_ids_of(rows_path: Path) -> set[str]:
+    """The ``record_id`` of every request row in ``rows_path`` (``data/slots/heldout.jsonl``: the heldout records)."""
+    ids = set()
+    for lineno, row in iter_jsonl(rows_path):
+        if not isinstance(row, dict) or not isinstance(row.get("record_id"), str):
+            raise ValueError(f"{rows_path}:{lineno}: not a request row with a 'record_id' (data/slots/*.jsonl rows)")
+        ids.add(row["record_id"])
+    return ids
+
+
+def load_examples(path: Path, limit: int | None = None, *, ids: set[str] | None = None, sample: int | None = None,
+                  seed: int = 0) -> list[dict]:
+    """Valid records of ``path`` sorted by id: only those in ``ids`` when given, then a seeded random ``sample`` of
+    them (kept in id order), then the first ``limit``. Invalid or duplicate ids (among those kept) raise."""
     records, seen = [], set()
     for lineno, rec in iter_jsonl(path):
+        if ids is not None and (not isinstance(rec, dict) or rec.get("id") not in ids):
+            continue
         bad = validate_record(rec)
         if bad is not None:
             raise ValueError(f"{path}:{lineno}: record {rec.get('id')!r} is not usable ({bad[0]}: {bad[1]})")
@@ -262,6 +277,11 @@ def load_examples(path: Path, limit: int | None = None) -> list[dict]:
         seen.add(rec["id"])
         records.append(rec)
     records.sort(key=lambda r: r["id"])
+    if sample is not None:
+        if sample < 1:
+            raise ValueError(f"--sample must be >= 1, got {sample}")
+        if sample < len(records):
+            records = sorted(random.Random(seed).sample(records, sample), key=lambda r: r["id"])
     if limit is not None:
         if limit < 1:
             raise ValueError(f"--limit must be >= 1, got {limit}")
@@ -507,6 +527,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="ar,pld,toolspec,hf-pld",
                    help=f"comma-separated, from {','.join(KNOWN_METHODS)} (ar and hf-greedy always run)")
     p.add_argument("--limit", type=int, default=None, help="first N examples by id (default: all)")
+    p.add_argument("--sample", type=int, default=None,
+                   help="a random N of the examples (seed 0, kept in id order), before --limit")
+    p.add_argument("--ids-from", type=Path, default=None,
+                   help="only the records named by these request rows' record_id (e.g. --dataset "
+                        "data/dedupe/train.jsonl --ids-from data/slots/heldout.jsonl: the sidecar's heldout records)")
     p.add_argument("--threads", default="auto",
                    help="torch threads for every method: 'auto' (the cores this process may use) or a number")
     p.add_argument("--dtype", choices=hardware.DTYPE_CHOICES, default="auto",
@@ -549,7 +574,8 @@ def run_cli(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"--threads: {e}") from e
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    records = load_examples(resolve_dataset(args.dataset), args.limit)
+    records = load_examples(resolve_dataset(args.dataset), args.limit, sample=args.sample,
+                            ids=record_ids_of(args.ids_from) if args.ids_from else None)
     out = args.out or default_out(args.target, args.dataset)
     torch.set_num_threads(threads[0])
     torch.manual_seed(0)

@@ -236,6 +236,27 @@ def test_load_examples_sorts_limits_and_names_bad_records(tmp_path):
         bench.load_examples(path)
 
 
+def test_load_examples_keeps_the_named_ids_then_a_seeded_sample_in_id_order(tmp_path):
+    path, rows = tmp_path / "r.jsonl", tmp_path / "heldout.jsonl"
+    recs = toy_records()
+    recs[1]["calls"] = [call("nope", {})]          # invalid, but not asked for: skipped, not raised
+    write_jsonl(path, recs)
+    ids = sorted(r["id"] for r in toy_records())
+    keep = [i for i in ids if i != recs[1]["id"]]
+    write_jsonl(rows, [{"id": f"{i}#0", "record_id": i} for i in keep])
+    assert bench.record_ids_of(rows) == set(keep)
+    assert [r["id"] for r in bench.load_examples(path, ids=set(keep))] == keep
+    one = bench.load_examples(path, ids=set(keep), sample=len(keep) - 1)
+    assert [r["id"] for r in one] == sorted(r["id"] for r in one) and len(one) == len(keep) - 1
+    assert one == bench.load_examples(path, ids=set(keep), sample=len(keep) - 1)     # seeded
+    assert [r["id"] for r in bench.load_examples(path, ids=set(keep), sample=99)] == keep
+    with pytest.raises(ValueError, match="--sample"):
+        bench.load_examples(path, ids=set(keep), sample=0)
+    write_jsonl(rows, [{"id": "x#0"}])
+    with pytest.raises(ValueError, match="record_id"):
+        bench.record_ids_of(rows)
+
+
 # ------------------------------------------------------------------------------------------ summary math
 
 
