@@ -91,6 +91,21 @@ class KVSnapshot:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
+def decoder_of(model) -> torch.nn.Module | None:
+    """The decoder stack under a causal LM's head (``model.base_model``), or None when the model has none.
+
+    A prefill needs the KV entries only, so it runs the decoder and skips the head. Asking the whole model for
+    ``logits_to_keep=1`` instead is not free: HF slices the last row as a ``[1, 1, hidden]`` view that
+    ``matmul`` cannot fold, so it multiplies by an expanded, transposed copy of the whole head (``[1, hidden,
+    vocab]``, the size of the embedding matrix); on a short SmolLM2-135M prefill that copy took longer than the
+    whole decoder.
+    """
+    inner = getattr(model, "base_model", None)
+    if inner is None or inner is model or not isinstance(inner, PreTrainedModel):
+        return None
+    return inner
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix: ``common_prefix_len([1, 2, 3], [1, 2, 4, 5]) -> 2``."""
     n = min(len(a), len(b))
@@ -111,6 +126,7 @@ class KVCache:
                 f"attn_implementation in {SUPPORTED_ATTENTION}"
             )
         self.model = model
+        self.decoder = decoder_of(model)
         self.windows = attention_windows(model.config.get_text_config())
         self.cache = DynamicCache()
         self.length = 0      # committed entries
@@ -188,16 +204,16 @@ class KVCache:
         return {layer_type: by_window[w] for layer_type, w in self.windows.items()}
 
     @torch.inference_mode()
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, logits_to_keep: int):
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=masks,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        return out.logits[0]
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, logits_to_keep: int | None):
+        """One forward on top of the cache; ``logits_to_keep=None``: the KV entries only, no logits (None)."""
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, cache=self.cache,
+                      use_cache=True)
+        if logits_to_keep is None:
+            if self.decoder is not None:
+                self.decoder(**kwargs)
+                return None
+            logits_to_keep = 1
+        return self.model(**kwargs, logits_to_keep=logits_to_keep).logits[0]
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Append a chain of committed tokens (normally ``prompt[:-1]``); computes no logits worth keeping."""
@@ -214,7 +230,7 @@ class KVCache:
         masks = self._masks(build)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
         pos = torch.arange(self.length, self.length + q, device=dev).unsqueeze(0)
-        self._forward(ids, pos, masks, logits_to_keep=1)   # skip the lm_head on all but one row
+        self._forward(ids, pos, masks, logits_to_keep=None)   # no logits: skip the lm_head
         self.length += q
         self.tokens.extend(int(t) for t in tokens)
 

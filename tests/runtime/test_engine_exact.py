@@ -361,3 +361,24 @@ def test_rounding_mismatches_are_near_ties_and_the_tie_guard_removes_them():
             kinds.append(mismatch["kind"])
         assert METHODS["pld"](model, tie_margin=tol).generate(prompt, 24).tokens == ar.tokens
     assert kinds and set(kinds) == {"near_tie"}, kinds
+
+
+def test_prefill_runs_the_decoder_without_the_head(family, make_model):
+    model = make_model(family)
+    prompt = _prompt(9, 12)
+    calls = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
+    try:
+        kv = KVCache(model)
+        assert kv.decoder is model.base_model and kv.decoder is not model
+        kv.prefill(prompt[:-1])
+        assert calls == []                                   # the head never ran
+        fallback = KVCache(model)
+        fallback.decoder = None                              # a model without a separate decoder: one row of logits
+        fallback.prefill(prompt[:-1])
+        assert calls == [1]
+    finally:
+        hook.remove()
+    for ours, theirs in zip(kv.cache.layers, fallback.cache.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=0)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=0, atol=0)
