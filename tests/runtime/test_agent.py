@@ -87,7 +87,9 @@ def test_a_sidecar_guess_drafts_and_speculates():
         executor, impl = _tools(side_effect_free=True)
 
         def guess(messages, tools, turn):
-            return SidecarGuess(client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer))
+            req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer)
+            req.wait(10)      # the hint is ready before the turn starts, however loaded the machine (no race)
+            return SidecarGuess(req)
 
         run = run_agent(chat, USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess)
     assert [s.text for s in run.steps] == [_chat(False).complete(USER, TOOLS, max_new_tokens=40).text, ANSWER]
