@@ -3,11 +3,12 @@
 A wave (:class:`~ooospec.runtime.sidecar_prompts.Wave`) is one shared block and N short queries. Answering it
 as N separate prompts costs N prefills of the block; here the block is prefilled ONCE into the KV cache
 (:class:`~ooospec.runtime.kv_cache.KVCache`, the runtime's only cache), the N queries go in as one forest
-(shared query prefixes merged, like draft-tree nodes), and then every live branch advances one token per forward,
-each seeing the block and its own tokens only. The wave costs one prefill, one forward over the query forest and
-about (longest answer) one-token-per-branch forwards. Each branch ends at EOS or at ``max_new_tokens`` with
-exactly the tokens greedy decoding of that slot's prompt on its own gives (``tests/runtime/test_sidecar.py``
-checks this on tiny float64 models).
+(shared query prefixes merged, like draft-tree nodes), and then every live branch advances per forward, each
+seeing the block and its own tokens only: one token, or, with an :class:`AnswerDrafter`, a small draft tree of
+its own (values copied from the conversation, a closing quote + EOS) verified greedily in the same forward. The
+wave costs one prefill, one forward over the query forest and at most (longest answer) branch forwards. Each
+branch ends at EOS or at ``max_new_tokens`` with exactly the tokens greedy decoding of that slot's prompt on its
+own gives, drafts or not (``tests/runtime/test_sidecar.py`` checks this on tiny float64 models).
 
 Tokenization is part of the layout: a prompt is ``ids(block) + ids(query)``, tokenized apart
 (:func:`encode_wave`), in training (:mod:`ooospec.pipelines.packing`) and here alike.
@@ -32,6 +33,9 @@ import torch
 
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.kv_cache import KVCache
+from ooospec.runtime.pld import lookup
+from ooospec.runtime.tree import build_tree
+from ooospec.runtime.verify import accept_greedy
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,8 @@ class WaveResult:
     n_forwards: int             # forwards after the prefill
     block_tokens: int
     query_tokens: int           # distinct query-forest nodes fed in the first decode forward
+    drafted: int = 0            # draft tokens fed (AnswerDrafter); they change the forwards, never the answers
+    accepted: int = 0           # of them, accepted
 
     @property
     def wave_s(self) -> float:
@@ -73,15 +79,25 @@ class WaveCancelled(Exception):
     """The caller gave up on the wave (e.g. the client disconnected): decoding stopped early."""
 
 
+Propose = Callable[[int, Sequence[int]], Sequence[Sequence[int]]]
+
+
 def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
                     max_new_tokens: int, eos_token_ids: Sequence[int] = (),
-                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], dict]:
+                    should_stop: Callable[[], bool] | None = None,
+                    propose: Propose | None = None, max_draft_nodes: int = 6) -> tuple[list[list[int]], dict]:
     """Greedy answers of ``block + query_i`` for every i, sharing the block's prefill. Returns ``(tokens, stats)``.
 
     ``tokens[i]`` equals greedy decoding of ``block_ids + query_ids[i]`` alone, cut after the first EOS or at
     ``max_new_tokens``. Identical queries share a branch; queries sharing a prefix share its nodes.
     ``should_stop`` is polled before every forward; when it returns True the wave raises :class:`WaveCancelled`
     (a server stops computing for a client that went away).
+
+    ``propose(i, generated)`` (optional) drafts continuations of query ``i``'s answer so far: each branch then
+    feeds a small draft tree (:func:`~ooospec.runtime.tree.build_tree`, at most ``max_draft_nodes`` draft nodes)
+    instead of one token, and keeps the longest path greedy decoding agrees with
+    (:func:`~ooospec.runtime.verify.accept_greedy`) plus the bonus token. Drafts change how many forwards the wave
+    takes, never its answers.
     """
     if not block_ids:
         raise ValueError("the shared block is empty")
@@ -89,6 +105,8 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         raise ValueError("every query needs at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if max_draft_nodes < 0:
+        raise ValueError(f"max_draft_nodes must be >= 0, got {max_draft_nodes}")
     eos = frozenset(int(t) for t in eos_token_ids)
     kv = KVCache(model)
     t0 = time.perf_counter()
@@ -130,15 +148,17 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     kv.commit(range(n))
     n_forwards = 1
 
-    # one branch per distinct leaf: its cache path, its position, its generated tokens
+    # one branch per distinct leaf: its first query, its cache path, its next position, its generated tokens
     branch_of_leaf: dict[int, int] = {}
+    query_of: list[int] = []
     paths: list[list[int]] = []
     next_pos: list[int] = []
     out: list[list[int]] = []
-    for leaf in leaves:
+    for qi, leaf in enumerate(leaves):
         if leaf in branch_of_leaf:
             continue
         branch_of_leaf[leaf] = len(paths)
+        query_of.append(qi)
         path, j = [], leaf
         while j >= 0:
             path.append(n_block + j)
@@ -147,6 +167,7 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         next_pos.append(n_block + depths[leaf] + 1)
         out.append([int(logits[leaf].argmax())])
     key_pos_list = key_pos.tolist()
+    drafted = accepted = 0
 
     def done(b: int) -> bool:
         return out[b][-1] in eos or len(out[b]) >= max_new_tokens
@@ -155,29 +176,100 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     while live:
         if should_stop is not None and should_stop():
             raise WaveCancelled(f"wave cancelled after {n_forwards} forwards")
-        q = len(live)
+        # every live branch feeds a tree rooted at its last token: the root alone without drafts
+        trees = []
+        for b in live:
+            cands = propose(query_of[b], out[b]) if propose is not None and max_draft_nodes else ()
+            budget = min(max_draft_nodes, max_new_tokens - len(out[b]) - 1)   # the bonus fills the last slot
+            trees.append(build_tree(out[b][-1], cands, budget))
+        offsets = [0]
+        for t in trees:
+            offsets.append(offsets[-1] + t.num_nodes)
+        fed = offsets[-1]
         length = kv.length
-        visible = torch.zeros(q, length + q, dtype=torch.bool)
+        visible = torch.zeros(fed, length + fed, dtype=torch.bool)
         visible[:, :n_block] = True
-        for r, b in enumerate(live):
-            visible[r, paths[b]] = True
-            visible[r, length + r] = True
-        positions = torch.tensor([next_pos[b] for b in live], dtype=torch.long)
-        key_pos_list += positions.tolist()
-        logits = kv.forward_masked([out[b][-1] for b in live], positions, visible,
-                                   torch.tensor(key_pos_list, dtype=torch.long))
-        kv.commit(range(q))
+        feed, pos = [], []
+        for b, t, off in zip(live, trees, offsets):
+            feed += t.tokens
+            pos += [next_pos[b] + d for d in t.depths]
+            for i in range(t.num_nodes):
+                visible[off + i, paths[b]] = True
+                j = i
+                while j >= 0:
+                    visible[off + i, length + off + j] = True
+                    j = t.parents[j]
+        positions = torch.tensor(pos, dtype=torch.long)
+        key_pos_list += pos
+        logits = kv.forward_masked(feed, positions, visible, torch.tensor(key_pos_list, dtype=torch.long))
         n_forwards += 1
-        choice = logits.argmax(dim=-1).tolist()
-        for r, b in enumerate(live):
-            paths[b].append(length + r)
-            next_pos[b] += 1
-            out[b].append(int(choice[r]))
+        kept = []
+        for b, t, off in zip(live, trees, offsets):
+            acc = accept_greedy(t, logits[off:off + t.num_nodes])
+            drafted += t.num_nodes - 1
+            accepted += len(acc.accepted_tokens)
+            for node in acc.path:
+                paths[b].append(length + len(kept))
+                kept.append(off + node)
+            next_pos[b] += len(acc.path)
+            for tok in acc.new_tokens:
+                if done(b):
+                    break
+                out[b].append(int(tok))
+        kv.commit(kept)
+        # the kept entries' key positions, in cache order
+        key_pos_list = key_pos_list[:length] + [key_pos_list[length + i] for i in kept]
         live = [b for b in live if not done(b)]
     t2 = time.perf_counter()
     stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": n_block,
-             "query_tokens": n}
+             "query_tokens": n, "drafted": drafted, "accepted": accepted}
     return [list(out[branch_of_leaf[leaf]]) for leaf in leaves], stats
+
+
+# ------------------------------------------------------------------------------------------- answer drafts
+
+CLOSERS = ('"', '"]', '"}', ']', '}')   # what ends a JSON value that has started, tried in this order
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+class AnswerDrafter:
+    """Draft continuations of slot answers (a ``propose`` for :func:`decode_branches`).
+
+    Two sources, merged into each branch's draft tree: prompt lookup (:func:`ooospec.runtime.pld.lookup`) in the
+    query's own prompt and the answer so far, since argument values are mostly copied from the conversation; and
+    the shortest closer of :data:`CLOSERS` that makes the answer a complete JSON value, followed by EOS
+    (``"San Francisco`` -> ``"`` EOS). Worked example: answer so far ``"New York`` with the block holding
+    ``... in New York City ...`` drafts ``[" City", ...]`` (lookup) and ``['"', EOS]`` (closer).
+    """
+
+    def __init__(self, tokenizer, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
+                 eos_token_id: int, max_candidates: int = 2, num_pred_tokens: int = 4, max_ngram: int = 3):
+        self.tokenizer = tokenizer
+        self.block = list(block_ids)
+        self.queries = [list(q) for q in query_ids]
+        self.eos = int(eos_token_id)
+        self.max_candidates = max_candidates
+        self.num_pred_tokens = num_pred_tokens
+        self.max_ngram = max_ngram
+        self.closers = [tokenizer.encode(c, add_special_tokens=False) for c in CLOSERS]
+
+    def __call__(self, query: int, generated: Sequence[int]) -> list[list[int]]:
+        generated = list(generated)
+        cands = lookup(self.block + self.queries[query] + generated, self.max_ngram, 1, self.num_pred_tokens,
+                       self.max_candidates)
+        if not _is_json(self.tokenizer.decode(generated)):
+            for closer in self.closers:
+                if _is_json(self.tokenizer.decode(generated + closer)):
+                    cands.append(closer + [self.eos])
+                    break
+        return cands
 
 
 # ------------------------------------------------------------------------------------------- the sidecar
@@ -206,17 +298,20 @@ def read_metadata(adapter_dir: str | os.PathLike) -> dict:
 class Sidecar:
     """A sidecar model (base + merged LoRA) that answers waves. Thread-compatible, not thread-safe."""
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int = 48, metadata: Mapping | None = None):
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 48, metadata: Mapping | None = None,
+                 max_draft_nodes: int = 6):
         if tokenizer.eos_token_id is None:
             raise ValueError("the sidecar tokenizer has no eos_token_id; answers could not stop")
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
+        self.max_draft_nodes = max_draft_nodes   # per branch and forward (AnswerDrafter); 0 = one token per forward
         self.metadata = dict(metadata or {})
 
     @classmethod
     def from_adapter(cls, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
-                     dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True) -> Sidecar:
+                     dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True,
+                     max_draft_nodes: int = 6) -> Sidecar:
         """Load ``adapter_dir`` (default :func:`default_adapter_dir`) on its base model.
 
         The base is the metadata's ``base`` (a registry name or a local folder) when this machine has it, else
@@ -237,7 +332,7 @@ class Sidecar:
         if merge:
             model = model.merge_and_unload()
         tok = AutoTokenizer.from_pretrained(str(adapter_dir))
-        return cls(model.eval(), tok, max_new_tokens=max_new_tokens, metadata=meta)
+        return cls(model.eval(), tok, max_new_tokens=max_new_tokens, metadata=meta, max_draft_nodes=max_draft_nodes)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -248,11 +343,14 @@ class Sidecar:
         block, queries = encode_wave(self.tokenizer, wave)
         if not queries:
             return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
+        drafter = (AnswerDrafter(self.tokenizer, block, queries, eos_token_id=self.tokenizer.eos_token_id)
+                   if self.max_draft_nodes else None)
         toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
-                                      eos_token_ids=self.eos_token_ids)
+                                      eos_token_ids=self.eos_token_ids, propose=drafter,
+                                      max_draft_nodes=self.max_draft_nodes)
         answers = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
         return WaveResult(toks, answers, stats["prefill_s"], stats["decode_s"], stats["n_forwards"],
-                          stats["block_tokens"], stats["query_tokens"])
+                          stats["block_tokens"], stats["query_tokens"], stats["drafted"], stats["accepted"])
 
     def predict(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
                 with_direct_call: bool = False) -> tuple[dict | None, WaveResult]:

@@ -9,7 +9,8 @@ text), ``model`` (must be the served name, ``sidecar``). The response has the us
 "text_completion", "created", "model", "choices": [{"index", "text", "finish_reason", "logprobs": null}],
 "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``, plus an ``ooospec`` object with the wave's
 timings (``prefill_s``, ``decode_s``, ``n_forwards``, ``block_tokens``, ``query_tokens``, ``shared_block``,
-``queue_s``, ``tokenize_s``).
+``queue_s``, ``tokenize_s``) and its draft counts (``drafted``, ``accepted``: see
+:class:`~ooospec.runtime.sidecar.AnswerDrafter`).
 
 A wave's prompts (:func:`~ooospec.runtime.sidecar_prompts.build_wave`) are one shared block followed by a short
 query line each. The server finds that block -- the prompts' common text prefix, cut back to its last ``"\\n"``
@@ -56,7 +57,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
-from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
+from ooospec.runtime.sidecar import AnswerDrafter, Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
 
@@ -196,10 +197,13 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
                                         f"{limits.max_prompt_tokens}", "prompt")
     eos = list(sidecar.eos_token_ids)
     out: list[list[int]] = [[] for _ in prompts]
-    stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0}
+    stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0,
+             "drafted": 0, "accepted": 0}
     for g in groups:
+        drafter = (AnswerDrafter(tok, g.block, g.queries, eos_token_id=tok.eos_token_id)
+                   if sidecar.max_draft_nodes else None)
         toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos,
-                                   should_stop=should_stop)
+                                   should_stop=should_stop, propose=drafter, max_draft_nodes=sidecar.max_draft_nodes)
         for i, t in zip(g.members, toks):
             out[i] = t
         for k in stats:

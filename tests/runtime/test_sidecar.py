@@ -90,3 +90,57 @@ def test_a_cancelled_wave_stops_computing(make_model):
     with pytest.raises(WaveCancelled, match="after 2 forwards"):
         decode_branches(model, [1, 2, 3], [[5], [6]], max_new_tokens=50, eos_token_ids=(), should_stop=stop_after_two)
     assert len(polls) == 3     # polled before each forward: the forest forward, one branch step, then stopped
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_drafts_change_forwards_never_answers(make_model, family, seed):
+    """Adversarial drafts (right, wrong, EOS-carrying, longer than the cap) leave every branch's answer as it was."""
+    model = make_model(family)
+    rng = random.Random(seed)
+    block = [rng.randrange(VOCAB) for _ in range(SLIDING_WINDOW + 3)]
+    queries = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 3))] for _ in range(5)] + [[3, 4], [3, 4]]
+    eos = {rng.randrange(VOCAB) for _ in range(30)}
+    plain, plain_stats = decode_branches(model, block, queries, max_new_tokens=10, eos_token_ids=eos)
+
+    def oracle_and_noise(i: int, generated):
+        right = plain[i][len(generated):]                       # the true continuation (an oracle draft) ...
+        wrong = [rng.randrange(VOCAB) for _ in range(rng.randint(0, 5))]
+        half = right[:rng.randint(0, len(right))] + wrong[:2]   # ... a right prefix going wrong, and noise
+        return [c for c in (half, wrong, right + [next(iter(eos))] * 3) if rng.random() < 0.8]
+
+    got, stats = decode_branches(model, block, queries, max_new_tokens=10, eos_token_ids=eos,
+                                 propose=oracle_and_noise, max_draft_nodes=6)
+    assert got == plain
+    for q, answer in zip(queries, got):
+        assert answer == _greedy_alone(model, block + q, 10, eos)
+    assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]
+    assert stats["n_forwards"] <= plain_stats["n_forwards"]
+
+
+def test_an_oracle_draft_finishes_the_wave_in_two_forwards(make_model):
+    model = make_model("llama")
+    block, queries = [1, 2, 3, 4], [[5], [6, 7], [8]]
+    plain, stats = decode_branches(model, block, queries, max_new_tokens=8)
+    assert stats["n_forwards"] == 8
+    got, stats = decode_branches(model, block, queries, max_new_tokens=8,
+                                 propose=lambda i, gen: [plain[i][len(gen):]], max_draft_nodes=7)
+    assert got == plain and stats["n_forwards"] == 2 and stats["accepted"] == 3 * 6
+
+
+def test_answer_drafter_copies_from_the_prompt_and_closes_json():
+    from ooospec.runtime.sidecar import AnswerDrafter
+
+    class CharTok:   # one token per character, ids = code points
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    tok = CharTok()
+    block = tok.encode("user: weather in New York City?\n")
+    drafter = AnswerDrafter(tok, block, [tok.encode("Query: city\n")], eos_token_id=0, num_pred_tokens=4)
+    cands = drafter(0, tok.encode('"New Y'))
+    assert tok.encode("ork ") in cands                     # copied from the conversation
+    assert tok.encode('"') + [0] in cands                  # close the string, then EOS
+    assert all(c[-1] != 0 for c in drafter(0, tok.encode("null")))   # a complete value gets no closer
