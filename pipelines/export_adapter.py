@@ -136,6 +136,15 @@ def eval_section(ev: dict | None) -> str:
     ])
 
 
+def _train_time(train: dict) -> Any:
+    """``train_seconds``; for a resumed run, said to cover only the steps after the resume."""
+    secs, steps, this_run = train.get("train_seconds"), train.get("steps"), train.get("steps_this_run")
+    if secs is not None and steps and this_run is not None and this_run < steps:
+        return (f"{secs:.0f} (the last {this_run} of {steps} steps; the run resumed from "
+                f"{train.get('resumed_from') or 'a checkpoint'})")
+    return secs
+
+
 def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict]) -> str:
     """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body."""
     base_id = recipe.get("base_model_id") or recipe["base"]
@@ -150,7 +159,7 @@ def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, me
                   ("slots by form", by_form), ("slots dropped (> max_len)", slots.get("dropped_too_long")),
                   ("packed sequences / tokens", f"{tr.get('sequences')} / {tr.get('tokens')}"),
                   ("label tokens", tr.get("label_tokens")), ("optimizer steps", tr.get("steps")),
-                  ("final loss", tr.get("final_loss")), ("train time (s)", tr.get("train_seconds")),
+                  ("final loss", tr.get("final_loss")), ("train time (s)", _train_time(tr)),
                   ("device / threads / bf16 autocast",
                    f"{tr.get('device')} / {tr.get('threads')} / {tr.get('bf16_autocast')}")] if tr else []
     return f"""---

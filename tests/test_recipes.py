@@ -74,3 +74,16 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path):
         load_recipe(p)
     with pytest.raises(FileNotFoundError, match="recipes there"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+def test_the_full_params_set_is_the_shipped_adapters_recipe():
+    """pipelines/sidecar_full.yaml reproduces adapters/sidecar: same base, same LoRA rank, every request."""
+    from ooospec.pipelines.params import load_section
+
+    root = RECIPES.parent
+    full = load_section(TrainSidecarParams, "train_sidecar", root / "pipelines" / "sidecar_full.yaml")
+    recipe = load_recipe(root / full.recipe)
+    shipped = json.loads((root / "adapters" / "sidecar" / "sidecar.json").read_text())
+    assert full.max_train_requests == 0
+    assert (recipe.base, recipe.lora_r) == (shipped["base"], shipped["lora_r"])
+    assert yaml.safe_load((root / "adapters" / "sidecar" / "recipe.yaml").read_text())["base"] == recipe.base

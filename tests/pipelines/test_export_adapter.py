@@ -144,3 +144,10 @@ def test_push_failure_is_one_line_and_never_shows_the_token(trained, monkeypatch
 def test_missing_adapter_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the train_sidecar stage first"):
         ex.run(ex.ExportAdapterParams(), tmp_path / "nothing", tmp_path / "out")
+
+
+def test_card_says_when_the_train_time_covers_only_the_steps_after_a_resume():
+    assert ex._train_time({"train_seconds": 6985.2, "steps": 400, "steps_this_run": 400}) == 6985.2
+    resumed = ex._train_time({"train_seconds": 4817.98, "steps": 400, "steps_this_run": 225,
+                              "resumed_from": "checkpoint-175"})
+    assert resumed == "4818 (the last 225 of 400 steps; the run resumed from checkpoint-175)"
