@@ -34,7 +34,7 @@ import torch
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.pld import lookup
-from ooospec.runtime.tree import build_tree
+from ooospec.runtime.tree import ancestor_matrix, build_tree
 from ooospec.runtime.verify import accept_greedy
 
 logger = logging.getLogger(__name__)
@@ -193,12 +193,9 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         for b, t, off in zip(live, trees, offsets):
             feed += t.tokens
             pos += [next_pos[b] + d for d in t.depths]
-            for i in range(t.num_nodes):
-                visible[off + i, paths[b]] = True
-                j = i
-                while j >= 0:
-                    visible[off + i, length + off + j] = True
-                    j = t.parents[j]
+            rows = slice(off, off + t.num_nodes)
+            visible[rows, paths[b]] = True                                            # its branch so far
+            visible[rows, length + off:length + off + t.num_nodes] = ancestor_matrix(t)   # its own tree
         positions = torch.tensor(pos, dtype=torch.long)
         key_pos_list += pos
         logits = kv.forward_masked(feed, positions, visible, torch.tensor(key_pos_list, dtype=torch.long))
@@ -338,15 +335,19 @@ class Sidecar:
     def eos_token_ids(self) -> list[int]:
         return [self.tokenizer.eos_token_id]
 
+    def drafter(self, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]]) -> AnswerDrafter | None:
+        """The ``propose`` for one wave's :func:`decode_branches` (None when drafts are off)."""
+        if not self.max_draft_nodes:
+            return None
+        return AnswerDrafter(self.tokenizer, block_ids, query_ids, eos_token_id=self.tokenizer.eos_token_id)
+
     def answer(self, wave: sp.Wave) -> WaveResult:
         """Every query of ``wave`` answered greedily in one pass."""
         block, queries = encode_wave(self.tokenizer, wave)
         if not queries:
             return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
-        drafter = (AnswerDrafter(self.tokenizer, block, queries, eos_token_id=self.tokenizer.eos_token_id)
-                   if self.max_draft_nodes else None)
         toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
-                                      eos_token_ids=self.eos_token_ids, propose=drafter,
+                                      eos_token_ids=self.eos_token_ids, propose=self.drafter(block, queries),
                                       max_draft_nodes=self.max_draft_nodes)
         answers = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
         return WaveResult(toks, answers, stats["prefill_s"], stats["decode_s"], stats["n_forwards"],

@@ -57,7 +57,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
-from ooospec.runtime.sidecar import AnswerDrafter, Sidecar, WaveCancelled, decode_branches
+from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
 
@@ -200,10 +200,9 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0,
              "drafted": 0, "accepted": 0}
     for g in groups:
-        drafter = (AnswerDrafter(tok, g.block, g.queries, eos_token_id=tok.eos_token_id)
-                   if sidecar.max_draft_nodes else None)
         toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos,
-                                   should_stop=should_stop, propose=drafter, max_draft_nodes=sidecar.max_draft_nodes)
+                                   should_stop=should_stop, propose=sidecar.drafter(g.block, g.queries),
+                                   max_draft_nodes=sidecar.max_draft_nodes)
         for i, t in zip(g.members, toks):
             out[i] = t
         for k in stats:
