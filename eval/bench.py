@@ -68,19 +68,24 @@ import torch
 from tqdm import tqdm
 
 from ooospec.eval import peers, report
+from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
+from ooospec.eval.llamacpp_peers import peer_factory as llamacpp_peer_factory
 from ooospec.eval.method_api import BenchContext, MethodFactory, MethodFn, MethodResult
 from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS, summarize_hints
 from ooospec.pipelines.records import iter_jsonl, validate_record, write_json
 from ooospec.runtime import hardware, metrics
 from ooospec.runtime.cost_model import Footprint, footprint
-from ooospec.runtime.verify import default_tie_margin
+from ooospec.runtime.verify import tie_margin_of
 
 logger = logging.getLogger(__name__)
 
 BASELINE = "ar"
 HF_REFERENCE = "hf-greedy"
+LLAMACPP_REFERENCE = "llama.cpp"
+REFERENCES = {"hf": HF_REFERENCE, "llama.cpp": LLAMACPP_REFERENCE}   # backend -> its stock greedy, run every example
 ENGINE_METHODS = ("ar", "pld", "toolspec", "pld-fixed", "toolspec-fixed", "ooospec", "ooospec-gold")
-PEER_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
+HF_PEERS = ("hf-greedy", "hf-pld", "hf-assisted")
+PEER_METHODS = HF_PEERS + LLAMACPP_PEERS
 KNOWN_METHODS = ENGINE_METHODS + PEER_METHODS
 BENCHMARK_DIR = Path("data/dedupe/eval")
 WARMUP_TOKENS = 16  # budget of a warm-up call
@@ -117,12 +122,38 @@ def method_result(r) -> MethodResult:
     )
 
 
+class WarmCache:
+    """The ``--warm-tools`` hook of engine methods: ``warm(prefix)`` (untimed) prefills ``prefix`` into a cache
+    that the next call continues from; a call not preceded by ``warm`` starts from an empty cache (cold)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.kv = None
+        self.armed = False
+
+    def warm(self, prefix: Sequence[int]) -> None:
+        from ooospec.runtime.kv_cache import new_kv_cache
+
+        if self.kv is None:
+            self.kv = new_kv_cache(self.model)
+        self.kv.reset()
+        self.kv.prefill(list(prefix))
+        self.armed = True
+
+    def take(self):
+        """The warmed cache for this call (then disarmed), or None (cold)."""
+        kv, self.armed = (self.kv if self.armed else None), False
+        return kv
+
+
 def engine_method(engine) -> MethodFn:
-    """Adapt a :class:`~ooospec.runtime.engine.SpecEngine` to the method API."""
+    """Adapt a :class:`~ooospec.runtime.engine.SpecEngine` to the method API (with a ``warm`` hook)."""
+    cache = WarmCache(engine.model)
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
-        return method_result(engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop))
+        return method_result(engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop, cache=cache.take()))
 
+    run.warm = cache.warm
     return run
 
 
@@ -145,6 +176,7 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
 
     drafter_set = ToolSpecDrafters()
     acceptance = AcceptanceStats()
+    cache = WarmCache(model)
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
         arrival = time.perf_counter()  # the request arrives: nothing of it was computed before this
@@ -153,7 +185,7 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
         drafters = drafter_set.for_request(ctx.tokenizer, ctx.fmt, ctx.record["tools"], hint_drafter)
         engine = make_engine(model, drafters, eos_token_ids=eos_token_ids, acceptance=acceptance, **engine_kwargs)
         try:
-            r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop)
+            r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop, cache=cache.take())
         except BaseException:
             if hints is not None:
                 hints.finish(source, hint_drafter, None)  # cancel the wave, restore the target's cores
@@ -164,6 +196,7 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
         drafter_set.observe(prompt_ids, res.tokens)
         return res
 
+    run.warm = cache.warm
     return run
 
 
@@ -181,17 +214,26 @@ def peer_method(name: str, model, tokenizer, *, pld_tokens: int, assistant=None)
             note = f"hf-assisted: {why}; fell back to prompt lookup (prompt_lookup_num_tokens={pld_tokens})"
             extra = {"prompt_lookup_num_tokens": pld_tokens}
 
+    warm = peers.WarmPrefix(model)
+
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
         return peers.hf_generate(model, prompt_ids, eos_token_ids=ctx.eos_token_ids,
                                  max_new_tokens=ctx.max_new_tokens, stop=ctx.stop,
-                                 pad_token_id=tokenizer.pad_token_id, note=note, **extra)
+                                 pad_token_id=tokenizer.pad_token_id, note=note, cache=warm.take(), **extra)
 
+    if "assistant_model" not in extra:   # assisted decoding keeps a second cache for its draft model
+        run.warm = warm.warm
     return run, note
 
 
 def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequence[int], pld_tokens: int = 10,
-                  assistant=None, hints=None) -> tuple[dict[str, MethodFactory], list[str]]:
-    """Method factories in run order (``ar`` and ``hf-greedy`` first, always) and the run's notes.
+                  assistant=None, hints=None, gguf: str | Path | None = None,
+                  threads: int | None = None) -> tuple[dict[str, MethodFactory], list[str]]:
+    """Method factories in run order (``ar`` and the backend's stock greedy reference first, always: ``hf-greedy``
+    on the HF backend, ``llama.cpp`` on the llama.cpp backend) and the run's notes.
+
+    The HF peers need an HF target; the llama.cpp peers (:mod:`ooospec.eval.llamacpp_peers`) need the target's
+    ``gguf`` file and run on ``threads`` threads, whichever backend our engine uses.
 
     A factory returns a fresh callable (fresh engine, fresh drafter state and acceptance estimates) each time it
     is called. ``NAME-fixed`` is engine method ``NAME`` with the fixed node budget instead of the budget policy.
@@ -204,8 +246,13 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
     unknown = [n for n in names if n not in KNOWN_METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {list(KNOWN_METHODS)}")
-    order = [BASELINE, HF_REFERENCE] + [n for n in names if n not in (BASELINE, HF_REFERENCE)]
-    order = list(dict.fromkeys(order))
+    backend = backend_of(model)
+    reference = REFERENCES[backend]
+    order = list(dict.fromkeys([BASELINE, reference, *names]))
+    if backend != "hf" and any(n in HF_PEERS for n in order):
+        raise ValueError(f"the HF peers {[n for n in order if n in HF_PEERS]} need --backend hf")
+    if any(n in LLAMACPP_PEERS for n in order) and gguf is None:
+        raise ValueError("the llama.cpp peers need a GGUF target (a registry name or a .gguf file)")
     factories: dict[str, MethodFactory] = {}
     notes: list[str] = []
     for name in order:
@@ -224,6 +271,9 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
             factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=hints)
         elif name == "ooospec-gold":
             factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=GoldHints())
+        elif name in LLAMACPP_PEERS:
+            factories[name] = llamacpp_peer_factory(name, gguf, threads=threads or hardware.available_cores(),
+                                                    pld_tokens=pld_tokens)
         else:
             fn, note = peer_method(name, model, tokenizer, pld_tokens=pld_tokens, assistant=assistant)
             factories[name] = lambda fn=fn: fn
@@ -315,10 +365,18 @@ def _row(record_id: str, method: str, prompt_len: int, time_s: float, res: Metho
     }
 
 
-def compare_rows(rows: dict[str, dict], ar_margins: Sequence[float], tie_tol: float) -> None:
-    """Fill ``exact``, ``exact_hf`` and ``mismatch`` of one example's rows (``{method: row}``) in place."""
+def backend_of(model) -> str:
+    """``"llama.cpp"`` for a :class:`~ooospec.runtime.llamacpp.LlamaCppTarget`, ``"hf"`` for a transformers model."""
+    return getattr(model, "backend", "hf")
+
+
+def compare_rows(rows: dict[str, dict], ar_margins: Sequence[float], tie_tol: float,
+                 reference: str = HF_REFERENCE) -> None:
+    """Fill ``exact``, ``exact_hf`` and ``mismatch`` of one example's rows (``{method: row}``) in place.
+
+    ``exact_hf``: identical to the backend's stock greedy ``reference`` (``hf-greedy`` or ``llama.cpp``)."""
     ar_tokens = rows[BASELINE]["tokens"]
-    hf_tokens = rows[HF_REFERENCE]["tokens"] if HF_REFERENCE in rows else None
+    hf_tokens = rows[reference]["tokens"] if reference in rows else None
     for row in rows.values():
         row["exact"] = row["tokens"] == ar_tokens
         row["exact_hf"] = None if hf_tokens is None else row["tokens"] == hf_tokens
@@ -346,6 +404,7 @@ def run_bench(
     on_example: Callable[[dict], None] | None = None,
     roofline: dict | None = None,
     settle: Callable[[], None] | None = None,
+    warm_tools: bool = False,
 ) -> dict:
     """Run every method on every record (interleaved, fixed order) and return ``{"methods", "examples"}``.
 
@@ -360,13 +419,17 @@ def run_bench(
         on_example: called after each example with the results so far (e.g. to save a partial JSON).
         settle: called before every timed call, untimed (e.g. wait until a sidecar server has finished a
             wave that an earlier call cancelled, so that it does not slow the next method down).
+        warm_tools: before every timed call, prefill the request's system + tools block
+            (:func:`~ooospec.runtime.chat.system_tools_block`) into the method's cache, untimed, for every method
+            alike: the agent setting, where one toolbox serves many requests. Every method needs a ``warm`` hook.
         roofline: ``{"peak_flops", "peak_bytes_per_s"}`` of this machine (:func:`ooospec.runtime.hardware.roofline`)
             to give each method's achieved prefill FLOP/s and decode bytes/s as fractions of them.
     """
     if BASELINE not in factories:
         raise ValueError(f"methods must include the baseline {BASELINE!r}, got {list(factories)}")
     ctx = BenchContext(model, tokenizer, fmt, eos_ids(model, tokenizer), max_new_tokens, make_stop(tokenizer, fmt))
-    tie_tol = default_tie_margin(model.dtype)
+    tie_tol = tie_margin_of(model)
+    reference = REFERENCES[backend_of(model)]
     fp = footprint(model)
     records = sorted(records, key=lambda r: r["id"])
     prompts = [prompt_ids_of(rec, tokenizer, fmt) for rec in records]
@@ -378,19 +441,32 @@ def run_bench(
         for _ in range(warmup):
             fn(prompts[0], warm_ctx)
     methods = {name: factory() for name, factory in factories.items()}
+    if warm_tools:
+        from ooospec.runtime.chat import system_tools_block
+        from ooospec.runtime.kv_cache import common_prefix_len
+
+        cold_only = [name for name, fn in methods.items() if not hasattr(fn, "warm")]
+        if cold_only:
+            raise ValueError(f"--warm-tools: method(s) {cold_only} cannot start from a cached prefix")
+        blocks = [common_prefix_len(system_tools_block(fmt, tokenizer, rec["messages"], rec["tools"]), prompt)
+                  for rec, prompt in zip(records, prompts)]
 
     examples: list[dict] = []
-    for rec, prompt in tqdm(list(zip(records, prompts)), desc="bench", disable=not progress):
+    for i, (rec, prompt) in enumerate(tqdm(list(zip(records, prompts)), desc="bench", disable=not progress)):
         ctx.record = rec
         rows, ar_margins = {}, None
+        warm_len = min(blocks[i], len(prompt) - 1) if warm_tools else 0
         for name, fn in methods.items():
             if settle is not None:
                 settle()
+            if warm_len:
+                fn.warm(prompt[:warm_len])
             time_s, res = _timed(fn, prompt, ctx)
             rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer, fp)
+            rows[name]["warm_tokens"] = warm_len
             if name == BASELINE:
                 ar_margins = res.margins
-        compare_rows(rows, ar_margins, tie_tol)
+        compare_rows(rows, ar_margins, tie_tol, reference)
         examples.extend(rows.values())
         if on_example is not None:
             on_example(_results(examples, list(methods), tie_tol, roofline))
@@ -416,8 +492,12 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def summarize_method(rows: Sequence[dict], baseline: dict[str, dict], roofline: dict | None = None) -> dict:
+def summarize_method(rows: Sequence[dict], baseline: dict[str, dict], roofline: dict | None = None,
+                     peer: dict[str, dict] | None = None) -> dict:
     """Summary of one method's rows against the baseline's rows ``{id: row}`` (same ids).
+
+    ``peer``: the ``llama.cpp`` peer's rows ``{id: row}`` when it ran; ``vs_llamacpp`` is then the ratio of its
+    mean time to this method's over the same ids (> 1: faster than llama.cpp's plain greedy decoding).
 
     Every metric is one of :mod:`ooospec.runtime.metrics`. Worked example: AR times ``[1.0, 3.0]``, method times
     ``[0.5, 2.0]`` -> ``mean_s`` 1.25, ``speedup`` 2.0 / 1.25 = 1.6, per-example ratios ``[2.0, 1.5]`` ->
@@ -459,6 +539,9 @@ def summarize_method(rows: Sequence[dict], baseline: dict[str, dict], roofline: 
         "defects": sum(m["kind"] == "defect" for m in mismatches),
         "overshoot_tokens": sum(r.get("overshoot", 0) for r in rows),
     }
+    if peer and all(r["id"] in peer for r in rows):
+        out["vs_llamacpp"] = metrics.speedup(statistics.fmean(peer[r["id"]]["time_s"] for r in rows),
+                                             statistics.fmean(times))
     hint_summary = summarize_hints(rows)
     if hint_summary is not None:
         out["hints"] = hint_summary
@@ -481,7 +564,8 @@ def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, base
     if baseline not in by_method:
         raise ValueError(f"no {baseline!r} rows to compare against (methods: {sorted(by_method)})")
     base = {r["id"]: r for r in by_method[baseline]}
-    return {m: summarize_method(by_method[m], base, roofline) for m in (order or by_method)}
+    peer = {r["id"]: r for r in by_method.get(LLAMACPP_REFERENCE, [])}
+    return {m: summarize_method(by_method[m], base, roofline, peer) for m in (order or by_method)}
 
 
 # ------------------------------------------------------------------------------------------- environment
@@ -520,6 +604,17 @@ def environment(threads: tuple[int, str], dtype: tuple[str, str], dtype_requeste
 # ------------------------------------------------------------------------------------------------- CLI
 
 
+def backend_env(backend: tuple[str, str], model) -> dict:
+    """The backend, why it was chosen, and for llama.cpp its bindings' version and the GGUF's weight format."""
+    out = {"backend": backend[0], "backend_reason": backend[1]}
+    if backend[0] == "llama.cpp":
+        from ooospec.runtime import llamacpp
+
+        out.update(llama_cpp=llamacpp.available()[1], weights=model.weight_type, gguf=str(model.path),
+                   llama_threads=model.threads)
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name, local HF folder, .gguf or hub id")
     p.add_argument("--dataset", required=True,
@@ -534,12 +629,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data/dedupe/train.jsonl --ids-from data/slots/heldout.jsonl: the sidecar's heldout records)")
     p.add_argument("--threads", default="auto",
                    help="torch threads for every method: 'auto' (the cores this process may use) or a number")
+    p.add_argument("--backend", choices=("auto", "hf", "llama.cpp"), default="auto",
+                   help="the target's backend: 'auto' = llama.cpp (the GGUF's quantized weights) for a registry name or "
+                        ".gguf on the CPU when llama-cpp-python is installed and --dtype is auto, else hf")
     p.add_argument("--dtype", choices=hardware.DTYPE_CHOICES, default="auto",
-                   help="'auto': bf16 where the CPU multiplies it natively and faster, else fp32 (bf16/fp16 on CUDA)")
+                   help="hf backend: 'auto' = bf16 where the CPU multiplies it natively and faster, else fp32 "
+                        "(bf16/fp16 on CUDA); a dtype other than auto selects the hf backend under --backend auto")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--assistant", default=None, help="draft model for hf-assisted (same vocabulary as the target)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the HF PLD peers")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per method before timing")
+    p.add_argument("--warm-tools", action="store_true",
+                   help="prefill each request's system + tools block before the clock starts, for every method "
+                        "alike (an agent's toolbox, cached); default: cold, every call prefills its whole prompt")
     p.add_argument("--out", type=Path, default=None,
                    help="results JSON (default results/bench_<target>_<dataset>.json)")
     p.add_argument("--report-dir", type=Path, default=None, help="also write table.md and bench.png here")
@@ -565,7 +667,7 @@ def default_out(target: str, dataset: str) -> Path:
 
 def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime.formats import detect_format
-    from ooospec.runtime.models import load_target
+    from ooospec.runtime.models import gguf_path_of, load_llamacpp_target, load_target, resolve_backend
 
     if args.max_new_tokens < 1:
         raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
@@ -579,9 +681,21 @@ def run_cli(args: argparse.Namespace) -> int:
     out = args.out or default_out(args.target, args.dataset)
     torch.set_num_threads(threads[0])
     torch.manual_seed(0)
-    dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
-    print(f"threads {threads[0]} ({threads[1]}); dtype {dtype[0]} ({dtype[1]})", file=sys.stderr)
-    model, tokenizer = load_target(args.target, dtype=dtype[0], cache=args.cache)
+    try:
+        backend = resolve_backend(args.backend, args.target, "cpu", args.dtype)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"--backend {args.backend}: {e}") from e
+    gguf = gguf_path_of(args.target, args.cache) if backend[0] == "llama.cpp" or any(
+        n in LLAMACPP_PEERS for n in names) else None
+    if backend[0] == "llama.cpp":
+        model, tokenizer = load_llamacpp_target(args.target, threads=threads[0], cache=args.cache)
+        dtype = (model.weight_type, "the GGUF's own weights (llama.cpp)")
+    else:
+        dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
+        model, tokenizer = load_target(args.target, dtype=dtype[0], cache=args.cache)
+    print(f"threads {threads[0]} ({threads[1]}); backend {backend[0]} ({backend[1]}); dtype {dtype[0]} ({dtype[1]})",
+          file=sys.stderr)
+    args.backend_resolved, args.gguf = backend, gguf
     assistant = None
     if "hf-assisted" in names and args.assistant:
         assistant, _ = load_target(args.assistant, dtype=dtype[0], cache=args.cache)
@@ -615,15 +729,25 @@ def start_hints(args: argparse.Namespace, bench_threads: int):
 
 
 def _run_with(args, names, records, out, threads, dtype, model, tokenizer, assistant, fmt, hints) -> int:
-    factories, notes = build_methods(names, model, tokenizer, eos_token_ids=eos_ids(model, tokenizer),
-                                     pld_tokens=args.pld_tokens, assistant=assistant, hints=hints)
+    try:
+        factories, notes = build_methods(names, model, tokenizer, eos_token_ids=eos_ids(model, tokenizer),
+                                         pld_tokens=args.pld_tokens, assistant=assistant, hints=hints, gguf=args.gguf,
+                                         threads=threads[0])
+    except ValueError as e:
+        raise SystemExit(f"--methods: {e}") from e
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    roof = hardware.roofline(dtype[0], threads[0]) if args.roofline else None
+    backend = args.backend_resolved
+    # the roofs are torch probes: bf16/fp32 matmul peak and memory bandwidth (the llama.cpp rows use fp32's peak)
+    roof_dtype = dtype[0] if backend[0] == "hf" else "fp32"
+    roof = hardware.roofline(roof_dtype, threads[0]) if args.roofline else None
     env = environment(threads, dtype, args.dtype, model, roof)
+    env.update(backend_env(backend, model))
     config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
+              "backend": backend[0], "reference": REFERENCES[backend[0]],
+              "gguf": None if args.gguf is None else str(args.gguf),
               "max_new_tokens": args.max_new_tokens, "format": fmt.NAME, "assistant": args.assistant,
-              "pld_tokens": args.pld_tokens, "warmup": args.warmup,
+              "pld_tokens": args.pld_tokens, "warmup": args.warmup, "warm_tools": args.warm_tools,
               "hints": args.hints if "ooospec" in names else None,
               "sidecar": ({"url": args.sidecar_url, "adapter": args.sidecar_adapter, "deployment": args.sidecar_deploy}
                           if "ooospec" in names and args.hints == "sidecar" else None)}
@@ -636,8 +760,14 @@ def _run_with(args, names, records, out, threads, dtype, model, tokenizer, assis
         write_json(out, results)
         return results
 
-    results = run_bench(model, tokenizer, records, factories, fmt=fmt, max_new_tokens=args.max_new_tokens,
-                        warmup=args.warmup, on_example=lambda partial: save(partial, True), roofline=roof)
+    try:
+        results = run_bench(model, tokenizer, records, factories, fmt=fmt, max_new_tokens=args.max_new_tokens,
+                            warmup=args.warmup, on_example=lambda partial: save(partial, True), roofline=roof,
+                            warm_tools=args.warm_tools)
+    except ValueError as e:
+        if "--warm-tools" in str(e):
+            raise SystemExit(str(e)) from e
+        raise
     results = save(results, False)
     print(report.markdown_table(results))
     print(f"wrote {out}")

@@ -130,6 +130,7 @@ def hf_generate(
     pad_token_id: int | None = None,
     assistant_model: PreTrainedModel | None = None,
     note: str = "",
+    cache=None,
     **gen_kwargs,
 ) -> MethodResult:
     """One greedy ``model.generate`` call on ``prompt_ids`` with forwards counted (see the module docstring).
@@ -141,22 +142,26 @@ def hf_generate(
         max_new_tokens: generation budget.
         stop: ``stop(generated_ids) -> bool``, the harness' end-of-call predicate (None: EOS / budget only).
         assistant_model: a draft model for assisted decoding (same vocabulary).
+        cache: a ``DynamicCache`` holding a prefix of ``prompt_ids`` (:class:`WarmPrefix`); generate continues
+            from it and prefills only the rest.
         gen_kwargs: extra ``GenerationConfig`` fields, e.g. ``prompt_lookup_num_tokens=10``.
     """
     prompt_len = len(prompt_ids)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     config = greedy_config(eos_token_ids, pad_token_id, max_new_tokens, **gen_kwargs)
     criteria = StoppingCriteriaList([StopOnPredicate(stop, prompt_len)] if stop is not None else [])
+    cached = 0 if cache is None else cache.get_seq_length()
+    extra = {} if cache is None else {"cache": cache}
     t0 = time.perf_counter()
     with ForwardCounter(model) as counter, torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                             stopping_criteria=criteria, assistant_model=assistant_model)
+                             stopping_criteria=criteria, assistant_model=assistant_model, **extra)
     t_end = time.perf_counter()
     raw = out[0, prompt_len:].tolist()
     tokens = cut_at_stop(raw, eos_token_ids, stop, max_new_tokens)
     q_lens = counter.q_lens
     # the prefill forward carries the prompt (and, for prompt lookup, a first draft appended to it)
-    tree_sizes = [q_lens[0] - prompt_len + 1] + q_lens[1:]
+    tree_sizes = [q_lens[0] - (prompt_len - cached) + 1] + q_lens[1:]
     stop_reason = ("eos" if tokens and tokens[-1] in set(eos_token_ids)
                    else "stop" if stop is not None and tokens and stop(tokens)
                    else "max_new_tokens")
@@ -170,6 +175,27 @@ def hf_generate(
         overshoot=len(raw) - len(tokens),
         note=note,
     )
+
+
+class WarmPrefix:
+    """The bench's ``--warm-tools`` hook for the HF peers: ``warm(prefix)`` runs the model over ``prefix``
+    (untimed) into a ``DynamicCache`` that the next ``generate`` continues from (``take``)."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.cache = None
+
+    def warm(self, prefix: Sequence[int]) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        ids = torch.tensor([list(prefix)], dtype=torch.long, device=self.model.device)
+        with torch.inference_mode():
+            self.model(input_ids=ids, cache=self.cache, use_cache=True)
+
+    def take(self):
+        cache, self.cache = self.cache, None
+        return cache
 
 
 def same_vocab(model: PreTrainedModel, draft: PreTrainedModel) -> bool:

@@ -23,6 +23,7 @@ COLUMNS: list[tuple] = [
     ("median s", "median_s", "{:.3f}"),
     ("speedup (mean)", "speedup", "{:.2f}x"),
     ("speedup (median/ex)", "speedup_median", "{:.2f}x"),
+    ("vs llama.cpp", "vs_llamacpp", "{:.2f}x"),
     ("decode speedup", "decode_speedup", "{:.2f}x"),
     ("#MAT", "mat", "{:.2f}"),
     ("mean tree", "mean_tree_size", "{:.1f}"),
@@ -32,7 +33,7 @@ COLUMNS: list[tuple] = [
     ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9),
     ("% peak bw", "decode_peak_frac", "{:.0%}"),
     ("exact vs ar", "exact_rate", "{:.0%}"),
-    ("exact vs HF", "exact_hf_rate", "{:.0%}"),
+    ("exact vs stock", "exact_hf_rate", "{:.0%}"),
     ("near-ties", "near_ties", "{:d}"),
     ("defects", "defects", "{:d}"),
 ]

@@ -79,6 +79,15 @@ class ChatTurn:
     hints: dict | None = None     # HintDrafter stats when the turn had hints
 
 
+def system_tools_block(fmt, tokenizer, messages: Sequence[dict], tools: Sequence[dict]) -> list[int]:
+    """The prompt tokens that depend only on the leading system message and the tools (the block an agent
+    repeats on every request): the common token prefix of the prompts of two probe user messages."""
+    head = [m for m in messages[:1] if m["role"] == "system"]
+    a, b = (tokenizer(fmt.render_prompt(tokenizer, head + [{"role": "user", "content": c}], list(tools)),
+                      add_special_tokens=False)["input_ids"] for c in _PROBES)
+    return list(a[:common_prefix_len(a, b)])
+
+
 def normalize_messages(messages: Sequence[Any]) -> list[dict]:
     """OpenAI chat messages as the records and chat templates take them; raises ValueError naming the message.
 
@@ -195,8 +204,7 @@ class ChatModel:
         key = json.dumps([head, tools], sort_keys=True, ensure_ascii=False)
         probe = self._blocks.get(key)
         if probe is None:
-            a, b = (self.encode(head + [{"role": "user", "content": c}], tools) for c in _PROBES)
-            probe = a[:common_prefix_len(a, b)]
+            probe = system_tools_block(self.fmt, self.tokenizer, messages, tools)
             self._blocks[key] = probe
             if len(self._blocks) > 64:
                 self._blocks.popitem(last=False)

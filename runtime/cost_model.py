@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from ooospec.runtime.kv_cache import KVCache
+from ooospec.runtime.kv_cache import new_kv_cache
 from ooospec.runtime.tree import chain_tree
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ def calibration_key(model: PreTrainedModel, context: int = CALIBRATION_CONTEXT) 
 
     info = cpu_info()
     device = model.device
+    if hasattr(model, "fingerprint"):   # the llama.cpp backend: its own threads, no torch in the forward
+        return f"{model.fingerprint()}|{info['model']}|{','.join(info['flags'])}|context={context}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{info['model']}|{','.join(info['flags'])}"
     return (f"{model_fingerprint(model)}|dtype={model.dtype}|threads={torch.get_num_threads()}|device={device.type}"
             f"|{where}|torch={torch.__version__}|context={context}")
@@ -138,7 +140,7 @@ def measure_forward_cost(
     """
     vocab = model.config.get_text_config().vocab_size
     rng = random.Random(seed)
-    kv = KVCache(model)
+    kv = new_kv_cache(model)
     kv.prefill([rng.randrange(vocab) for _ in range(context)])
     trees = {n: chain_tree([rng.randrange(vocab) for _ in range(n)]) for n in sizes}
     samples: dict[int, list[float]] = {n: [] for n in sizes}
@@ -221,6 +223,8 @@ def footprint(model: PreTrainedModel) -> Footprint:
     read per forward 1.98 GB (the tied table is read once, as the head), KV 12 KiB per token (24 layers x 2
     heads x 64 x K and V x 4 bytes).
     """
+    if hasattr(model, "footprint"):
+        return model.footprint()
     cfg = model.config.get_text_config()
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight

@@ -48,9 +48,9 @@ from transformers import PreTrainedModel
 from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, plan_tree
 from ooospec.runtime.cost_model import ForwardCost, forward_cost
 from ooospec.runtime.drafting import DraftContext, Drafter
-from ooospec.runtime.kv_cache import KVCache
+from ooospec.runtime.kv_cache import KVCache, new_kv_cache
 from ooospec.runtime.tree import DraftTree, build_tree
-from ooospec.runtime.verify import accept_greedy, default_tie_margin
+from ooospec.runtime.verify import accept_greedy, tie_margin_of
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
 TreePolicy = Literal["budget", "fixed"]
@@ -115,15 +115,15 @@ class SpecEngine:
         acceptance: online acceptance estimates; pass one instance to several engines to share what they learn
             across requests. None = a fresh one for this engine (it still learns across this engine's calls).
         tie_margin: stop acceptance before a choice whose top-2 logit margin is below this; that token then
-            comes from a one-token forward. ``0`` = off. ``None`` (default) = ``default_tie_margin(model.dtype)``:
-            off in fp32/fp64, on in bf16/fp16.
+            comes from a one-token forward. ``0`` = off. ``None`` (default) = ``tie_margin_of(model)``:
+            off in fp32/fp64, on in bf16/fp16 and on the llama.cpp backend.
         eos_token_ids: generation ends after any of these.
         record_margins: keep the top-2 margin behind every generated token (``GenerationResult.margins``).
     """
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel,   # or a LlamaCppTarget (runtime/llamacpp.py)
         drafters: Sequence[Drafter] = (),
         *,
         policy: TreePolicy = "budget",
@@ -146,11 +146,11 @@ class SpecEngine:
         self.max_depth = max_depth
         self.cost = cost
         self.acceptance = acceptance if acceptance is not None else AcceptanceStats()
-        self.tie_margin = default_tie_margin(model.dtype) if tie_margin is None else tie_margin
+        self.tie_margin = tie_margin_of(model) if tie_margin is None else tie_margin
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.record_margins = record_margins
         self.vocab_size = model.config.get_text_config().vocab_size
-        self.kv = KVCache(model)
+        self.kv = new_kv_cache(model)
         self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
 
     def propose(self, ctx: DraftContext) -> list[Proposal]:

@@ -115,6 +115,13 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def new_kv_cache(model):
+    """The KV cache owner for ``model``'s backend: its own when it has one (the llama.cpp backend's
+    :class:`~ooospec.runtime.llamacpp.LlamaCppKV`), else a :class:`KVCache` (transformers)."""
+    make = getattr(model, "new_kv_cache", None)
+    return make() if make is not None else KVCache(model)
+
+
 class KVCache:
     """KV cache of one sequence (batch 1) for tree verification. See the module docstring."""
 

@@ -35,7 +35,7 @@ from typing import Literal
 from transformers import PreTrainedModel
 
 from ooospec.runtime.engine import GenerationResult, SpecEngine
-from ooospec.runtime.kv_cache import KVCache, KVSnapshot, common_prefix_len
+from ooospec.runtime.kv_cache import KVSnapshot, common_prefix_len, new_kv_cache
 
 Origin = Literal["session", "fork", "prefix", "new"]
 
@@ -129,7 +129,7 @@ class Session:
 
     def __init__(self, model: PreTrainedModel, session_id: str = ""):
         self.id = session_id
-        self.kv = KVCache(model)
+        self.kv = new_kv_cache(model)
         self.stats = SessionStats()
 
     @property

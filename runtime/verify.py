@@ -60,6 +60,13 @@ def default_tie_margin(dtype: torch.dtype) -> float:
     return TIE_MARGINS.get(dtype, 0.0)
 
 
+def tie_margin_of(model) -> float:
+    """The default ``tie_margin`` of a target: its backend's own (``model.tie_margin``, the llama.cpp backend) or
+    :func:`default_tie_margin` of its dtype (transformers)."""
+    own = getattr(model, "tie_margin", None)
+    return float(own) if own is not None else default_tie_margin(model.dtype)
+
+
 def top2_margins(logits: torch.Tensor) -> torch.Tensor:
     """``top1 - top2`` of each row: ``[N, vocab] -> [N]`` (float32 or wider)."""
     top2 = logits.topk(2, dim=-1).values

@@ -368,3 +368,47 @@ def test_ooospec_without_hint_source_is_refused(target):
     model, tok = target
     with pytest.raises(ValueError, match="needs a hint source"):
         bench.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench.eos_ids(model, tok))
+
+
+# ------------------------------------------------------------------------------------------ warm toolbox
+
+
+def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(target, results):
+    """--warm-tools: each method starts from the system + tools block (prefilled untimed); same tokens as cold."""
+    model, tok = target
+    fmt = detect_format(tok)
+    factories, _ = bench.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
+                                       eos_token_ids=bench.eos_ids(model, tok), pld_tokens=5)
+    warm = bench.run_bench(model, tok, toy_records(), factories, fmt=fmt, max_new_tokens=24, progress=False,
+                           warm_tools=True)
+    cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
+    for row in warm["examples"]:
+        rec = next(r for r in toy_records() if r["id"] == row["id"])
+        block = tok(fmt.render_prompt(tok, [{"role": "user", "content": "a"}], rec["tools"]))["input_ids"]
+        assert 0 < row["warm_tokens"] < row["prompt_tokens"]
+        assert row["warm_tokens"] <= len(block)
+        assert row["tokens"] == cold[(row["id"], row["method"])], row["method"]
+        assert row["exact"] and row["exact_hf"]
+    hf_first = [r["tree_sizes"][0] for r in warm["examples"] if r["method"] == "hf-greedy"]
+    assert hf_first == [1, 1, 1]   # the HF prefill forward carried only the uncached tail (+ the first token)
+
+
+def test_warm_tools_refuses_a_method_without_a_cache_hook(target):
+    model, tok = target
+    factories, _ = bench.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=bench.eos_ids(model, tok),
+                                       assistant=model)
+    with pytest.raises(ValueError, match=r"--warm-tools: method\(s\) \['hf-assisted'\]"):
+        bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=8,
+                        progress=False, warm_tools=True)
+
+
+def test_llamacpp_peers_need_a_gguf_and_hf_peers_need_hf(target):
+    model, tok = target
+    with pytest.raises(ValueError, match="need a GGUF target"):
+        bench.build_methods(["ar", "llama.cpp"], model, tok, eos_token_ids=bench.eos_ids(model, tok))
+
+    class FakeLlamaCppTarget:
+        backend = "llama.cpp"
+
+    with pytest.raises(ValueError, match="need --backend hf"):
+        bench.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")
