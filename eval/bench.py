@@ -629,6 +629,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data/dedupe/train.jsonl --ids-from data/slots/heldout.jsonl: the sidecar's heldout records)")
     p.add_argument("--threads", default="auto",
                    help="torch threads for every method: 'auto' (the cores this process may use) or a number")
+    p.add_argument("--device", default="cpu",
+                   help="the HF backend's device: cpu (default) or cuda[:N] (the engine syncs on every step's argmax, "
+                        "so wall times include the GPU's work)")
     p.add_argument("--backend", choices=("auto", "hf", "llama.cpp"), default="auto",
                    help="the target's backend: 'auto' = llama.cpp (the GGUF's quantized weights) for a registry name or "
                         ".gguf on the CPU when llama-cpp-python is installed and --dtype is auto, else hf")
@@ -682,7 +685,7 @@ def run_cli(args: argparse.Namespace) -> int:
     torch.set_num_threads(threads[0])
     torch.manual_seed(0)
     try:
-        backend = resolve_backend(args.backend, args.target, "cpu", args.dtype)
+        backend = resolve_backend(args.backend, args.target, args.device, args.dtype)
     except (ValueError, RuntimeError) as e:
         raise SystemExit(f"--backend {args.backend}: {e}") from e
     gguf = gguf_path_of(args.target, args.cache) if backend[0] == "llama.cpp" or any(
@@ -691,14 +694,14 @@ def run_cli(args: argparse.Namespace) -> int:
         model, tokenizer = load_llamacpp_target(args.target, threads=threads[0], cache=args.cache)
         dtype = (model.weight_type, "the GGUF's own weights (llama.cpp)")
     else:
-        dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
-        model, tokenizer = load_target(args.target, dtype=dtype[0], cache=args.cache)
+        dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device=args.device)
+        model, tokenizer = load_target(args.target, dtype=dtype[0], cache=args.cache, device=args.device)
     print(f"threads {threads[0]} ({threads[1]}); backend {backend[0]} ({backend[1]}); dtype {dtype[0]} ({dtype[1]})",
           file=sys.stderr)
     args.backend_resolved, args.gguf = backend, gguf
     assistant = None
     if "hf-assisted" in names and args.assistant:
-        assistant, _ = load_target(args.assistant, dtype=dtype[0], cache=args.cache)
+        assistant, _ = load_target(args.assistant, dtype=dtype[0], cache=args.cache, device=args.device)
     fmt = detect_format(tokenizer)
     sidecar_proc, hints = None, None
     if "ooospec" in names:
@@ -740,7 +743,7 @@ def _run_with(args, names, records, out, threads, dtype, model, tokenizer, assis
     backend = args.backend_resolved
     # the roofs are torch probes: bf16/fp32 matmul peak and memory bandwidth (the llama.cpp rows use fp32's peak)
     roof_dtype = dtype[0] if backend[0] == "hf" else "fp32"
-    roof = hardware.roofline(roof_dtype, threads[0]) if args.roofline else None
+    roof = hardware.roofline(roof_dtype, threads[0]) if args.roofline and args.device == "cpu" else None
     env = environment(threads, dtype, args.dtype, model, roof)
     env.update(backend_env(backend, model))
     config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
@@ -762,7 +765,8 @@ def _run_with(args, names, records, out, threads, dtype, model, tokenizer, assis
 
     try:
         results = run_bench(model, tokenizer, records, factories, fmt=fmt, max_new_tokens=args.max_new_tokens,
-                            warmup=args.warmup, on_example=lambda partial: save(partial, True), roofline=roof,
+                            warmup=args.warmup, on_example=lambda partial: save(partial, True),
+                            roofline=roof if backend[0] == "hf" else None,   # torch roofs do not bound llama.cpp
                             warm_tools=args.warm_tools)
     except ValueError as e:
         if "--warm-tools" in str(e):

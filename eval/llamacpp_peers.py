@@ -13,8 +13,8 @@ Every call starts cold (``Llama.reset()``: no KV of an earlier request is reused
 which prompt prefix was prefilled before the clock started (the bench's ``--warm-tools``).
 
 Counting. Every ``Llama.eval`` is one target forward; the first holds the prompt (it also yields the first token,
-as HF's prefill does in :mod:`ooospec.eval.peers`), so ``n_forwards`` counts it and ``tree_sizes`` holds each
-forward's token count. ``prefill_s`` runs to the first token, ``decode_s`` from there to the return. The
+as HF's prefill does in :mod:`ooospec.eval.peers`), so ``n_forwards`` counts it, as a one-node step in
+``tree_sizes`` (the others: 1 + the draft tokens fed). ``prefill_s`` runs to the first token, ``decode_s`` from there to the return. The
 generator is stopped by the harness' stop rule (EOS, end of call, token cap) right after the token that meets it.
 """
 
@@ -89,8 +89,10 @@ class LlamaCppPeer:
         t_end = time.perf_counter()
         t_first = t_end if t_first is None else t_first
         q_lens = list(self._q_lens)
+        # the prefill forward yields one token, like a one-node step (HF peers count it the same way)
+        tree_sizes = [1] + q_lens[1:] if q_lens else []
         return MethodResult(tokens=out, prefill_s=t_first - t0, decode_s=t_end - t_first, n_forwards=len(q_lens),
-                            tree_sizes=q_lens, stop_reason=reason)
+                            tree_sizes=tree_sizes, stop_reason=reason)
 
     def close(self) -> None:
         self.llm.close()

@@ -27,8 +27,10 @@ Numerics. llama.cpp's CPU matmuls pick kernels by batch size (a one-token forwar
 batch may run repacked or tiled matrix-matrix kernels with another accumulation order), so a token scored inside
 a 16-node tree can get logits that differ in the last bits from the same token scored alone. The engine's
 exactness contract is "greedy output of the same backend": acceptance stops before any choice whose top-2 margin
-is below :data:`TIE_MARGIN` and takes that token from a one-token forward, like the bf16 HF path. How large the
-differences are on real GGUFs is measured by ``python -m ooospec.runtime.llamacpp numerics`` (see the README).
+is below the target's ``tie_margin`` and takes that token from a one-token forward, like the bf16 HF path. The
+margin is measured per file and machine (:func:`batch_shape_diff`, twice the largest logit difference between a
+16-token forward and one-token forwards, at least :data:`TIE_MARGIN`): 0.30 -> 0.6 on the registry's 0.5B Qwen
+GGUF, 0.68 -> 1.36 on the 1.5B one (``python -m ooospec.eval.substrate``, EPYC Zen 4, 2 threads).
 
 One context per target. A llama.cpp context holds one physical KV store, so only one :class:`LlamaCppKV` of a
 target can hold entries at a time: a cache used after another one took the context finds itself empty (its
@@ -56,10 +58,9 @@ from ooospec.runtime.tree import DraftTree
 logger = logging.getLogger(__name__)
 
 BACKEND = "llama.cpp"
-# Top-2 logit margin under which a choice inside a multi-token forward is re-taken by a one-token forward. llama.cpp's
-# batched CPU kernels accumulate in another order than its one-token ones: on this project's Qwen GGUFs the same
-# token's logits differ by up to ~0.37 between a 16-token forward and a one-token forward (``python -m
-# ooospec.eval.substrate``, "batch-vs-single"); bench mismatches are classified near-tie below the same margin.
+# The smallest tie margin of the backend: a choice inside a multi-token forward whose top-2 margin is below the
+# target's ``tie_margin`` (this, or twice its measured batch-shape difference: :func:`batch_shape_diff`) is
+# re-taken by a one-token forward; bench mismatches are classified near-tie below the same margin.
 TIE_MARGIN = 0.5
 DEFAULT_CTX = 4096
 DEFAULT_MAX_LEAVES = 64
@@ -152,7 +153,6 @@ class LlamaCppTarget:
     """
 
     backend = BACKEND
-    tie_margin = TIE_MARGIN
     device = torch.device("cpu")
     dtype = torch.float32   # the logits' dtype (weights are whatever the GGUF holds, see ``weight_type``)
 
@@ -206,6 +206,7 @@ class LlamaCppTarget:
             scales = (ctypes.c_float * 1)(1.0)
             L.llama_set_adapters_lora(self._ctx, adapters, 1, scales)
         self.owner: LlamaCppKV | None = None   # the cache whose entries the context holds
+        self._tie_margin: float | None = None
         meta = self.metadata()
         arch = meta.get("general.architecture", "?")
 
@@ -259,7 +260,12 @@ class LlamaCppTarget:
 
     def fingerprint(self) -> str:
         """What the forward cost depends on besides the machine: file name, size, weight format, threads."""
-        digest = hashlib.sha256(f"{self.path.name}|{self.path.stat().st_size}".encode()).hexdigest()[:12]
+        h = hashlib.sha256(str(self.path.stat().st_size).encode())
+        with open(self.path, "rb") as f:   # head and tail of the file: metadata and the last tensors' bytes
+            h.update(f.read(1 << 20))
+            f.seek(max(self.path.stat().st_size - (1 << 20), 0))
+            h.update(f.read(1 << 20))
+        digest = h.hexdigest()[:12]
         return f"{BACKEND}|{self.path.name}|{self.weight_type}|file={digest}|threads={self.threads}"
 
     def footprint(self):
@@ -280,6 +286,14 @@ class LlamaCppTarget:
         kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2   # f16 K and V cells
         return Footprint(body, head[0], weight_bytes, kv_bytes, cfg.num_hidden_layers,
                          cfg.num_attention_heads * head_dim)
+
+    @property
+    def tie_margin(self) -> float:
+        """The engine's tie margin on this file and machine: at least :data:`TIE_MARGIN`, and at least twice the
+        batch-shape difference :func:`batch_shape_diff` measures here (once per file, threads and CPU; cached)."""
+        if self._tie_margin is None:
+            self._tie_margin = max(TIE_MARGIN, TIE_FACTOR * cached_batch_shape_diff(self))
+        return self._tie_margin
 
     def new_kv_cache(self) -> LlamaCppKV:
         return LlamaCppKV(self)
@@ -492,6 +506,75 @@ class LlamaCppKV:
         self.tokens.extend(self._pending_tokens[i] for i in kept)
         self.length, self.pending = end, 0
         self._pending_tokens, self._pending_seqs = [], []
+
+
+# --------------------------------------------------------------------------------------- batch-shape numerics
+
+
+def batch_shape_diff(target: LlamaCppTarget, context: int = 256, chain: int = 16, seed: int = 0) -> float:
+    """The largest absolute logit difference between ``chain`` tokens scored in one forward and the same tokens
+    scored one at a time, on a random ``context``-token prompt (the chain is the model's own greedy continuation).
+
+    llama.cpp's batched kernels accumulate in another order than its one-token dot products, so this is not 0;
+    the engine's tie margin has to cover it (a choice closer than that is re-taken by a one-token forward).
+    """
+    from ooospec.runtime.tree import chain_tree
+
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(100, min(target.n_vocab, 32000), size=context)]
+    kv = target.new_kv_cache()
+    kv.reset()
+    kv.prefill(prompt[:-1])
+    tokens = [prompt[-1]]
+    for _ in range(chain - 1):            # greedy continuation, one token at a time
+        logits = kv.forward_tree(chain_tree([tokens[-1]]))
+        kv.commit([0])
+        tokens.append(int(logits[0].argmax()))
+    kv.truncate(len(prompt) - 1)
+    singles = []
+    for tok in tokens:
+        singles.append(kv.forward_tree(chain_tree([tok]))[0].clone())
+        kv.commit([0])
+    kv.truncate(len(prompt) - 1)
+    batched = kv.forward_tree(chain_tree(tokens)).clone()
+    kv.commit([])
+    return float((batched - torch.stack(singles)).abs().max())
+
+
+TIE_FACTOR = 2.0   # a top-2 margin moves by up to twice the largest logit difference
+_NUMERICS: dict[str, float] = {}
+
+
+def cached_batch_shape_diff(target: LlamaCppTarget) -> float:
+    """:func:`batch_shape_diff` for this file, threads and CPU, from memory, ``$OOOSPEC_CACHE/llamacpp_numerics.json``
+    or measured (a second or two)."""
+    import json
+
+    from ooospec.runtime.hardware import cpu_info
+
+    info = cpu_info()
+    key = f"{target.fingerprint()}|{info['model']}|{','.join(info['flags'])}"
+    if key in _NUMERICS:
+        return _NUMERICS[key]
+    path = Path(os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser() / "llamacpp_numerics.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        t0 = time.perf_counter()
+        table[key] = batch_shape_diff(target)
+        logger.info("llama.cpp batch-shape difference of %s: %.3f (measured in %.1fs)", target.path.name,
+                    table[key], time.perf_counter() - t0)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except OSError as e:
+            logger.warning("could not cache the batch-shape difference in %s: %s", path, e)
+    _NUMERICS[key] = float(table[key])
+    return _NUMERICS[key]
 
 
 # --------------------------------------------------------------------------------------- plain greedy peer

@@ -109,8 +109,8 @@ def load_llamacpp_target(name_or_path: str, threads: int | None = None, cache: s
     t0 = time.perf_counter()
     target = LlamaCppTarget(gguf, threads=threads, **kwargs)
     tok = gguf_tokenizer(gguf, cache)
-    logger.info("loaded %s on llama.cpp (%s, %d threads) in %.1fs", name_or_path, target.weight_type,
-                target.threads, time.perf_counter() - t0)
+    logger.info("loaded %s on llama.cpp (%s, %d threads, tie margin %.2f) in %.1fs", name_or_path,
+                target.weight_type, target.threads, target.tie_margin, time.perf_counter() - t0)
     return target, tok
 
 
@@ -120,6 +120,7 @@ def load_target(
     threads: int | None = None,
     cache: str | os.PathLike | None = None,
     backend: str = "hf",
+    device: str = "cpu",
 ):
     """Load a target model and its tokenizer (HF: eval mode, sdpa attention; llama.cpp: see the module docstring).
 
@@ -131,11 +132,12 @@ def load_target(
         threads: ``torch.set_num_threads`` value; None leaves torch's default.
         cache: cache root (default ``$OOOSPEC_CACHE`` or ``~/.cache/ooospec``).
         backend: ``"hf"`` (default), ``"llama.cpp"`` or ``"auto"`` (:func:`resolve_backend`).
+        device: where the HF model lives (``"cpu"``, ``"cuda"``, ``"cuda:1"``); llama.cpp runs on the CPU.
     Returns:
         ``(model, tokenizer)``.
     """
     if backend != "hf":
-        backend, why = resolve_backend(backend, name_or_path, "cpu", dtype)
+        backend, why = resolve_backend(backend, name_or_path, device, dtype)
         if backend == "llama.cpp":
             logger.info("backend llama.cpp (%s)", why)
             return load_llamacpp_target(name_or_path, threads=threads, cache=cache)
@@ -149,7 +151,7 @@ def load_target(
     if threads is not None:
         torch.set_num_threads(threads)
     if dtype == "auto":
-        dtype, why = resolve_dtype("auto", threads=threads, device="cpu")   # this loader keeps the model on the CPU
+        dtype, why = resolve_dtype("auto", threads=threads, device=device)
         logger.info("dtype auto -> %s (%s)", dtype, why)
     torch_dtype = getattr(torch, _DTYPES[dtype])
     kwargs: dict = {}
@@ -164,6 +166,8 @@ def load_target(
         path, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
     logger.info("loaded %s (%s) in %.1fs", name_or_path, dtype, time.perf_counter() - t0)
+    if device != "cpu":
+        model = model.to(device)
     return model.eval(), tok
 
 

@@ -194,3 +194,22 @@ def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
             assert all((r["warm_tokens"] > 0) == warm for r in res["examples"])
     finally:
         target.close()
+
+
+def test_tie_margin_is_calibrated_from_the_measured_batch_shape_difference(targets, monkeypatch, tmp_path):
+    from ooospec.runtime import llamacpp
+
+    monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(llamacpp, "_NUMERICS", {})
+    target = targets["Q4_0"]
+    diff = llamacpp.batch_shape_diff(target)
+    assert diff == llamacpp.batch_shape_diff(target)    # deterministic
+    target._tie_margin = None
+    assert target.tie_margin == pytest.approx(max(llamacpp.TIE_MARGIN, llamacpp.TIE_FACTOR * diff))
+    assert (tmp_path / "llamacpp_numerics.json").is_file()
+    monkeypatch.setattr(llamacpp, "batch_shape_diff", lambda *a, **k: 3.0)   # a noisier kernel -> a wider margin
+    monkeypatch.setattr(llamacpp, "_NUMERICS", {})
+    (tmp_path / "llamacpp_numerics.json").unlink()
+    target._tie_margin = None
+    assert target.tie_margin == 6.0
+    target._tie_margin = None

@@ -51,3 +51,29 @@ def test_registry_and_fetch_stay_importable_from_models():
     from ooospec.runtime import fetch
 
     assert models.REGISTRY is fetch.REGISTRY and models.fetch is fetch.fetch
+
+
+def test_resolve_backend_picks_llamacpp_only_for_gguf_targets_on_the_cpu(tmp_path, monkeypatch):
+    from ooospec.runtime import llamacpp
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(llamacpp, "available", lambda: (True, "0.3.36"))
+    assert models.resolve_backend("auto", "qwen2.5-coder-0.5b")[0] == "llama.cpp"
+    assert models.resolve_backend("auto", str(gguf))[0] == "llama.cpp"
+    assert models.resolve_backend("auto", str(tmp_path))[0] == "hf"               # an HF folder
+    assert models.resolve_backend("auto", "qwen2.5-coder-0.5b", device="cuda")[0] == "hf"
+    backend, why = models.resolve_backend("auto", "qwen2.5-coder-0.5b", dtype="fp32")
+    assert backend == "hf" and "fp32" in why                                      # HF numerics asked for
+    assert models.resolve_backend("hf", "qwen2.5-coder-0.5b") == ("hf", "given")
+    with pytest.raises(ValueError, match="needs a GGUF target"):
+        models.resolve_backend("llama.cpp", str(tmp_path))
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        models.resolve_backend("llama.cpp", str(gguf), device="cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        models.resolve_backend("vllm", str(gguf))
+    monkeypatch.setattr(llamacpp, "available", lambda: (False, "llama_cpp does not import (ImportError: x)"))
+    backend, why = models.resolve_backend("auto", str(gguf))
+    assert backend == "hf" and "does not import" in why
+    with pytest.raises(RuntimeError, match="ooospec.llamacpp_install"):
+        models.resolve_backend("llama.cpp", str(gguf))
