@@ -3,6 +3,7 @@
 Run as::
 
     python -m ooospec.eval.report results.json --out-dir reports/bench     # writes table.md and bench.png
+    python -m ooospec.eval.report a.json b.json --vs-llamacpp              # one row per run against llama.cpp
 
 The results JSON (see ``eval/bench.py``) holds ``methods`` (``{name: summary}``), ``examples`` (one row per
 example and method, with ``id``, ``method``, ``time_s``), and optionally ``config``, ``env`` and ``notes``.
@@ -224,16 +225,54 @@ def write_report(results: dict, out_dir: Path) -> list[Path]:
     return [table, plot(results, out_dir / "bench.png")]
 
 
+PEER = "llama.cpp"
+
+
+def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = ("ar", "toolspec")) -> str:
+    """One row per bench run that has the ``llama.cpp`` peer: its mean time and each method's ratio to it
+    (> 1: faster than llama.cpp's plain greedy decoding), #MAT, exactness vs ``ar`` and the mismatch classes."""
+    head = ["target", "benchmark", "toolbox", "n", "llama.cpp mean s"]
+    for m in methods:
+        head += [f"{m} mean s", f"{m} vs llama.cpp"]
+    head += ["toolspec #MAT", "identical to ar", "near-ties", "defects"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for res in runs:
+        cfg, summ = res.get("config", {}), res["methods"]
+        if PEER not in summ:
+            continue
+        row = [cfg.get("target", "?"), cfg.get("dataset", "?"), "warm" if cfg.get("warm_tools") else "cold",
+               str(summ[PEER]["n"]), f"{summ[PEER]['mean_s']:.2f}"]
+        for m in methods:
+            s = summ.get(m, {})
+            row += [fmt_cell(s.get("mean_s"), "{:.2f}"), fmt_cell(s.get("vs_llamacpp"), "**{:.2f}x**")]
+        spec = [summ[m] for m in summ if m not in ("ar", PEER)]
+        n = sum(s["n"] for s in spec)
+        row += [fmt_cell(summ.get("toolspec", {}).get("mat"), "{:.2f}"),
+                f"{sum(s['exact_rate'] * s['n'] for s in spec) / n:.0%}" if n else "-",
+                str(sum(s["near_ties"] for s in spec)), str(sum(s["defects"] for s in spec))]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ooospec.eval.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="results JSON written by `ooospec bench --out`")
-    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("results", type=Path, nargs="+", help="results JSON(s) written by `ooospec bench --out`")
+    parser.add_argument("--out-dir", type=Path, default=None, help="write table.md and bench.png here (one JSON)")
+    parser.add_argument("--vs-llamacpp", action="store_true",
+                        help="print one summary row per JSON against the llama.cpp peer (several JSONs)")
     args = parser.parse_args(argv)
-    with open(args.results, encoding="utf-8") as f:
-        results = json.load(f)
-    for path in write_report(results, args.out_dir):
+    runs = []
+    for path in args.results:
+        with open(path, encoding="utf-8") as f:
+            runs.append(json.load(f))
+    if args.vs_llamacpp:
+        print(vs_llamacpp_table(runs))
+        return 0
+    if args.out_dir is None or len(runs) != 1:
+        parser.error("give one results JSON and --out-dir (or --vs-llamacpp for a summary of several)")
+    for path in write_report(runs[0], args.out_dir):
         print(path)
-    print(markdown_table(results))
+    print(markdown_table(runs[0]))
     return 0
 
 

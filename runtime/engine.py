@@ -53,7 +53,6 @@ from ooospec.runtime.tree import DraftTree, build_tree
 from ooospec.runtime.verify import accept_greedy, tie_margin_of
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
-FIRST_STEP = "@first"   # suffix of a drafter's acceptance cells for a request's first step (see SpecEngine.propose)
 TreePolicy = Literal["budget", "fixed"]
 
 
@@ -157,10 +156,6 @@ class SpecEngine:
     def propose(self, ctx: DraftContext) -> list[Proposal]:
         """Every drafter's candidates as :class:`~ooospec.runtime.budget.Proposal` s, in drafter order.
 
-        The proposals of a request's first step are tagged ``name@first``: right after the prompt a drafter's guess
-        stands or falls with whether the target opens a tool call at all, so the budget policy keeps separate
-        acceptance estimates for it (``acceptance.summary()`` lists both).
-
         A drafter can only change speed, never the output, and it cannot stop generation either: a drafter that
         raises, or proposes token ids outside the vocabulary, loses that step's candidates (counted in
         ``drafter_faults``, warned once per drafter) and the step goes on with the others.
@@ -168,8 +163,6 @@ class SpecEngine:
         proposals: list[Proposal] = []
         for drafter in self.drafters:
             name = getattr(drafter, "name", type(drafter).__name__)
-            # the first step after the prompt (does the target open a call at all?) is learnt apart from the rest
-            key = name if ctx.step else name + FIRST_STEP
             try:
                 cands = [tuple(int(t) for t in c) for c in drafter.propose(ctx)]
             except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
@@ -179,7 +172,7 @@ class SpecEngine:
             if len(valid) < len(cands):
                 bad = next(c for c in cands if c not in valid)
                 self._fault(name, f"proposed token ids outside [0, {self.vocab_size}) at step {ctx.step}: {bad[:20]}")
-            proposals.extend(Proposal(key, rank, c) for rank, c in enumerate(valid) if c)
+            proposals.extend(Proposal(name, rank, c) for rank, c in enumerate(valid) if c)
         return proposals
 
     def plan(self, root: int, proposals: Sequence[Proposal]) -> tuple[DraftTree, int]:

@@ -92,3 +92,17 @@ def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
            "examples": []}
     assert ("ooospec: median wave 0.300 s = 0.25 x and p90 wave 1.000 s = 0.83 x the median toolspec call "
             "(1.200 s) of this run") in report.markdown_table(res)
+
+
+def test_vs_llamacpp_summary_rows():
+    def s(mean, n=2, vs=None, exact=1.0, ties=0, defects=0, mat=1.0):
+        return {"n": n, "mean_s": mean, "vs_llamacpp": vs, "exact_rate": exact, "near_ties": ties,
+                "defects": defects, "mat": mat}
+
+    run = {"config": {"target": "t", "dataset": "d", "warm_tools": True},
+           "methods": {"ar": s(2.0, vs=1.5), "llama.cpp": s(3.0, vs=1.0, exact=0.5, ties=1),
+                       "toolspec": s(1.0, vs=3.0, exact=0.5, ties=1, mat=4.2)}}
+    no_peer = {"config": {}, "methods": {"ar": s(1.0)}}
+    lines = report.vs_llamacpp_table([run, no_peer]).splitlines()
+    assert len(lines) == 3   # header, rule, one row: the run without the peer is left out
+    assert lines[2] == "| t | d | warm | 2 | 3.00 | 2.00 | **1.50x** | 1.00 | **3.00x** | 4.20 | 50% | 1 | 0 |"
