@@ -7,16 +7,22 @@ that is verified is the ``k`` most probable nodes, with ``k`` chosen to maximize
 per second of forward time (:func:`choose_nodes`)::
 
     rate(0) = 1 / T(1)
-    rate(k) = (1 - p_tie) * (1 + sum of the k largest node probabilities) / T(1 + k)
+    rate(k) = efficiency * (1 - p_tie) * (1 + sum of the k largest node probabilities) / T(1 + k)
 
 where the 1 is the bonus token every step commits, ``T`` is the measured forward cost
-(:mod:`ooospec.runtime.cost_model`) and ``p_tie`` the observed rate of tree steps that stopped at a near-tie at
-the root and committed nothing (bf16/fp16 only, :mod:`ooospec.runtime.verify`; a root-only step never stops).
+(:mod:`ooospec.runtime.cost_model`), ``efficiency`` how trees have realized their plans so far (below), and
+``p_tie`` the observed rate of tree steps that stopped at a near-tie at the root and committed nothing (bf16/fp16
+and llama.cpp only, :mod:`ooospec.runtime.verify`; a root-only step never stops).
 ``k = 0`` is plain one-token decoding, so a step is only widened when the estimates say it pays: cheap trees where
 verification is expensive (fp32 on AVX2), wide ones where it is nearly free (bf16 with AMX, GPUs), and no nodes at
 all for a drafter whose drafts are rarely accepted. A node is never
 more probable than its parent, so the top-``k`` nodes always form a tree. Which nodes are verified changes only
 speed: acceptance stays greedy (:mod:`ooospec.runtime.verify`), the output is the target's greedy output.
+
+Realized speed. The engine reports every step's committed tokens and forward seconds
+(:meth:`AcceptanceStats.record_speed`); ``efficiency`` is the realized / planned rate of tree steps over the same
+ratio for one-token steps. It corrects the plan where acceptance or ``T(n)`` are off for this workload (on
+llama.cpp's CPU kernels a 16-node forward costs 6-9 one-token steps, so a plan a little too hopeful loses).
 
 Acceptance model. A proposal of drafter ``d`` at rank ``r`` (0 = its best guess) has its ``j``-th token accepted,
 given its first ``j - 1`` were, with probability ``q[d][rank bucket of r][depth bucket of j]``; a node's
@@ -110,31 +116,34 @@ def node_probabilities(tree: DraftTree, proposals: Sequence[Proposal],
     return probs
 
 
-def best_size(gains: Sequence[float], cost: ForwardCost, max_nodes: int, p_tie: float = 0.0) -> int:
+def best_size(gains: Sequence[float], cost: ForwardCost, max_nodes: int, p_tie: float = 0.0,
+              efficiency: float = 1.0) -> int:
     """The ``k <= max_nodes`` maximizing ``rate(k)`` of the module docstring; ``gains`` sorted descending.
 
-    Ties go to the smaller tree. ``best_size([0.8, 0.72, 0.3], ForwardCost.linear(0.5), 8) == 2``.
+    ``efficiency`` multiplies the rate of every tree (``k >= 1``): what trees have realized so far relative to
+    what was planned for them (:meth:`AcceptanceStats.efficiency`). Ties go to the smaller tree.
+    ``best_size([0.8, 0.72, 0.3], ForwardCost.linear(0.5), 8) == 2``.
     """
     best_k, best_rate, expected = 0, 1.0 / cost.seconds(1), 1.0
     for k, gain in enumerate(gains[:max_nodes], 1):
         if gain <= 0:
             break
         expected += gain
-        rate = (1.0 - p_tie) * expected / cost.seconds(1 + k)
+        rate = efficiency * (1.0 - p_tie) * expected / cost.seconds(1 + k)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
 
 
 def choose_nodes(tree: DraftTree, probs: Sequence[float], cost: ForwardCost, max_nodes: int,
-                 p_tie: float = 0.0) -> list[int]:
+                 p_tie: float = 0.0, efficiency: float = 1.0) -> list[int]:
     """Nodes to verify (root first, topological order): the ``best_size`` most probable ones.
 
     Ordered by probability, then depth, so a parent always precedes its children: every prefix of the order
     is a tree.
     """
     order = sorted(range(1, tree.num_nodes), key=lambda i: (-probs[i], tree.depths[i], i))
-    k = best_size([probs[i] for i in order], cost, max_nodes, p_tie)
+    k = best_size([probs[i] for i in order], cost, max_nodes, p_tie, efficiency)
     return [0] + sorted(order[:k])
 
 
@@ -151,7 +160,9 @@ def plan_tree(full: DraftTree, proposals: Sequence[Proposal], stats: AcceptanceS
             table[key] = stats.prefix_probs(p.drafter, p.rank, max_depth)
     probs = node_probabilities(full, proposals, [table[p.drafter, rank_bucket(p.rank)][:len(p.tokens)]
                                                  for p in proposals])
-    return subtree(full, choose_nodes(full, probs, cost, max_nodes, stats.root_tie_rate()))
+    nodes = choose_nodes(full, probs, cost, max_nodes, stats.root_tie_rate(), stats.efficiency())
+    stats.planned_tokens = 1.0 + sum(probs[i] for i in nodes[1:])   # what this tree is expected to commit
+    return subtree(full, nodes)
 
 
 def outcome(tree: DraftTree, tokens: Sequence[int], acc: Accepted) -> tuple[int, int]:
@@ -194,6 +205,12 @@ class AcceptanceStats:
         self._all: dict[str, list[list[list[float]]]] = {}      # name -> [rank][depth] -> [trials, accepted]
         self._request: dict[str, list[list[list[float]]]] = {}
         self._trees = [0.0, 0.0]      # [tree steps (more than the root), of which stopped at a root near-tie]
+        # realized vs planned speed: [tokens, seconds, planned tokens, planned seconds] of tree steps and of
+        # root-only steps (see efficiency)
+        self._speed = {"tree": [0.0, 0.0, 0.0, 0.0], "root": [0.0, 0.0, 0.0, 0.0]}
+        self.planned_tokens = 1.0     # set by plan_tree for the tree it returns
+        self.speed_prior = 20.0       # planned tokens' worth of belief that the plan is right
+        self.max_speed_tokens = 200.0 # past this many tokens per kind, old steps fade
 
     @staticmethod
     def _cells() -> list[list[list[float]]]:
@@ -261,6 +278,39 @@ class AcceptanceStats:
             trials, accepted = outcome(tree, p.tokens, acc)
             if trials:
                 self.record(p.drafter, p.rank, trials, accepted)
+
+    def record_speed(self, num_nodes: int, tokens: int, seconds: float, planned_seconds: float) -> None:
+        """One verified step: the tokens it committed in ``seconds`` of forward time, against what was planned
+        (``planned_tokens`` of the last :func:`plan_tree`, or 1 for a root-only step, in ``planned_seconds`` =
+        ``T(num_nodes)``)."""
+        kind = "tree" if num_nodes > 1 else "root"
+        planned = self.planned_tokens if num_nodes > 1 else 1.0
+        cell = self._speed[kind]
+        for i, v in enumerate((tokens, seconds, planned, planned_seconds)):
+            cell[i] += v
+        if cell[0] + cell[2] > 2 * self.max_speed_tokens:    # old steps fade, as acceptance counts do
+            cell[:] = [v / 2 for v in cell]
+
+    def efficiency(self) -> float:
+        """Realized / planned rate of tree steps, relative to the same ratio of root-only steps (prior 1).
+
+        The plan's two halves can be off on a given machine and workload: acceptance estimated over requests
+        that are not alike (a tool call vs prose), and ``T(n)`` calibrated on a quiet chain of random tokens.
+        Where trees have committed less per second than planned, compared with how one-token steps did, every
+        tree's rate is scaled down by this factor, so the policy stops paying for trees that do not pay.
+        ``(tokens / seconds) / (planned / planned_seconds)`` per kind; a prior of ``speed_prior`` planned tokens at
+        the planned rate keeps it at 1 until steps say otherwise.
+        Capped at 1: it only ever makes the policy more careful (trees that beat their plan are left to the
+        acceptance estimates, which follow them anyway).
+        """
+        def ratio(cell: list[float]) -> float:
+            tokens, seconds, planned, planned_s = cell
+            if planned <= 0 or planned_s <= 0:
+                return 1.0
+            prior_s = self.speed_prior * planned_s / planned
+            return ((tokens + self.speed_prior) / (seconds + prior_s)) / (planned / planned_s)
+
+        return min(1.0, ratio(self._speed["tree"]) / ratio(self._speed["root"]))
 
     def summary(self) -> dict[str, dict[str, float]]:
         """``{drafter: {"trials", "accepted", "first_token_rate"}}`` across requests (rank 0, depth 1 for the rate)."""

@@ -251,6 +251,9 @@ class SpecEngine:
             t2 = time.perf_counter()
             kv.commit(acc.kept_nodes)
             self.acceptance.record_step(tree, proposals, acc)
+            if self.policy == "budget" and self.cost is not None:
+                self.acceptance.record_speed(tree.num_nodes, len(acc.new_tokens), t2 - t1,
+                                             self.cost.seconds(tree.num_nodes))
             one_token_next = acc.bonus is None
 
             num_new = 0

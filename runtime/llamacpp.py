@@ -546,34 +546,17 @@ _NUMERICS: dict[str, float] = {}
 
 
 def cached_batch_shape_diff(target: LlamaCppTarget) -> float:
-    """:func:`batch_shape_diff` for this file, threads and CPU, from memory, ``$OOOSPEC_CACHE/llamacpp_numerics.json``
-    or measured (a second or two)."""
-    import json
-
-    from ooospec.runtime.hardware import cpu_info
+    """:func:`batch_shape_diff` for this file, threads and CPU: from memory, from ``$OOOSPEC_CACHE/hardware.json``
+    (section ``llamacpp_batch_shape_diff``) or measured (a second or two)."""
+    from ooospec.runtime.hardware import cached_probe, cpu_info
 
     info = cpu_info()
     key = f"{target.fingerprint()}|{info['model']}|{','.join(info['flags'])}"
-    if key in _NUMERICS:
-        return _NUMERICS[key]
-    path = Path(os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser() / "llamacpp_numerics.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    if key not in table:
+    if key not in _NUMERICS:
         t0 = time.perf_counter()
-        table[key] = batch_shape_diff(target)
-        logger.info("llama.cpp batch-shape difference of %s: %.3f (measured in %.1fs)", target.path.name,
-                    table[key], time.perf_counter() - t0)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-            tmp.replace(path)
-        except OSError as e:
-            logger.warning("could not cache the batch-shape difference in %s: %s", path, e)
-    _NUMERICS[key] = float(table[key])
+        _NUMERICS[key] = cached_probe("llamacpp_batch_shape_diff", key, lambda: batch_shape_diff(target))
+        logger.info("llama.cpp batch-shape difference of %s: %.3f (%.1fs)", target.path.name, _NUMERICS[key],
+                    time.perf_counter() - t0)
     return _NUMERICS[key]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from ooospec.runtime.budget import (
     AcceptanceStats,
@@ -20,6 +21,7 @@ from ooospec.runtime.budget import (
     rank_bucket,
 )
 from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.engine import SpecEngine
 from ooospec.runtime.tree import build_tree, subtree
 from ooospec.runtime.verify import Accepted
 
@@ -145,3 +147,47 @@ def test_root_near_ties_make_trees_less_attractive():
     assert stats.root_tie_rate() == pytest.approx(90.5 / 100)          # a root-only step never ties
     assert best_size([0.9, 0.9], CHEAP, 8) == 2
     assert best_size([0.9, 0.9], CHEAP, 8, p_tie=0.6) == 0                # 0.4 * 2.8 / 1.2 < 1
+
+
+def test_efficiency_scales_trees_down_where_they_realize_less_than_planned():
+    stats = AcceptanceStats()
+    assert stats.efficiency() == 1.0                                  # nothing seen: trust the plan
+    for _ in range(50):                                               # one-token steps run as planned
+        stats.record_speed(1, tokens=1, seconds=0.030, planned_seconds=0.030)
+    for _ in range(20):                                               # trees planned 6 tokens, committed 3
+        stats.planned_tokens = 6.0
+        stats.record_speed(16, tokens=3, seconds=0.200, planned_seconds=0.200)
+    eff = stats.efficiency()
+    assert 0.5 < eff < 0.6                                            # (3 + prior) / (6 + prior) per planned s
+    # a plan that pays on paper (rate 1.6 vs 1) is dropped once it is known to realize about half of it
+    gains = [0.9] * 8
+    assert best_size(gains, STEEP, 8) > 0
+    assert best_size(gains, STEEP, 8, efficiency=eff) < best_size(gains, STEEP, 8)
+
+
+def test_efficiency_compares_trees_with_one_token_steps_on_the_same_machine():
+    stats = AcceptanceStats()
+    for _ in range(100):   # everything 20% slower than calibrated (a busy machine): no reason to prefer either
+        stats.record_speed(1, tokens=1, seconds=0.036, planned_seconds=0.030)
+        stats.planned_tokens = 4.0
+        stats.record_speed(8, tokens=4, seconds=0.120, planned_seconds=0.100)
+    assert stats.efficiency() == pytest.approx(1.0, abs=0.05)
+    for _ in range(100):   # trees doing better than planned never widen the plan: capped at 1
+        stats.planned_tokens = 2.0
+        stats.record_speed(8, tokens=6, seconds=0.100, planned_seconds=0.100)
+    assert stats.efficiency() == 1.0
+
+
+def test_the_engine_reports_every_step_to_the_speed_estimate(monkeypatch):
+    from tests.runtime.test_engine_exact import FnDrafter
+
+    seen = []
+    stats = AcceptanceStats()
+    monkeypatch.setattr(stats, "record_speed", lambda *a: seen.append(a))
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1,
+                                         attn_implementation="sdpa")).eval()
+    engine = SpecEngine(model, [FnDrafter("d", lambda ctx: [[1, 2, 3]])], cost=CHEAP, acceptance=stats)
+    out = engine.generate([5, 6, 7], 6)
+    assert len(seen) == out.n_forwards
+    assert all(n >= 1 and tok >= 0 and sec > 0 and planned == CHEAP.seconds(n) for n, tok, sec, planned in seen)

@@ -279,7 +279,9 @@ def test_tie_margin_forces_one_token_forwards(make_model):
     drafted = [s for s in result.steps if s.tree_size > 1]
     assert drafted and all(s.tie_stop and s.new_tokens == 0 for s in drafted)
     assert all(s.tree_size == 1 and s.new_tokens == 1 for s in result.steps if s not in drafted)
-    assert result.n_forwards == 20
+    assert result.n_forwards == 10 + len(drafted)   # each drafted step costs one forward and commits nothing
+    # ...which the realized-speed estimate notices: the policy stops drafting before the end (was: every other step)
+    assert len(drafted) < 10
 
 
 def test_stops_like_greedy(make_model):

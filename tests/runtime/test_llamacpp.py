@@ -206,10 +206,10 @@ def test_tie_margin_is_calibrated_from_the_measured_batch_shape_difference(targe
     assert diff == llamacpp.batch_shape_diff(target)    # deterministic
     target._tie_margin = None
     assert target.tie_margin == pytest.approx(max(llamacpp.TIE_MARGIN, llamacpp.TIE_FACTOR * diff))
-    assert (tmp_path / "llamacpp_numerics.json").is_file()
+    assert "llamacpp_batch_shape_diff" in (tmp_path / "hardware.json").read_text()
     monkeypatch.setattr(llamacpp, "batch_shape_diff", lambda *a, **k: 3.0)   # a noisier kernel -> a wider margin
     monkeypatch.setattr(llamacpp, "_NUMERICS", {})
-    (tmp_path / "llamacpp_numerics.json").unlink()
+    (tmp_path / "hardware.json").unlink()
     target._tie_margin = None
     assert target.tie_margin == 6.0
     target._tie_margin = None
