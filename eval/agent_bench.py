@@ -60,7 +60,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ooospec.pipelines.records import iter_jsonl, write_json
+from ooospec.eval.reporting import md_table, pct
+from ooospec.pipelines.records import load_records, write_json
+from ooospec.runtime.methods import SERVED
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +131,7 @@ def _toolalpaca_dialogues(records: list[dict]) -> list[Dialogue]:
 def load_dialogues(path: Path, limit: int | None = None, min_steps: int = 2) -> list[Dialogue]:
     """The dialogues of a JSONL file of API-Bank level-3 or ToolAlpaca records (by ``source``), sorted by id;
     those with at least ``min_steps`` calls; the first ``limit`` of them."""
-    records = [rec for _, rec in iter_jsonl(path)]
+    records = load_records(path, "fail", what="agent-bench records").rows
     sources = {rec.get("source") for rec in records}
     if sources == {"apibank"}:
         dialogues = _apibank_dialogues(records, path)
@@ -308,18 +310,13 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
 
 
 def markdown_table(summary: Sequence[dict]) -> str:
-    def pct(x):
-        return "" if x is None else f"{100 * x:.1f}%"
-
-    lines = [("| tool latency | variant | dialogues | calls | mean wall s | time saved | prefill tokens | "
-              "prefill saved | hit rate | tool wait s | exact |"),
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summary:
-        lines.append(f"| {s['latency_s']:g} s | {s['variant']} | {s['dialogues']} | {s['calls']} | "
-                     f"{s['mean_wall_s']:.2f} | {pct(s['saved_frac'])} | {s['prefilled_tokens']} | "
-                     f"{pct(s['prefill_saved_frac'])} | {pct(s['hit_rate']) if s['variant'] == 'speculative' else ''}"
-                     f" | {s['tool_wait_s']:.1f} | {pct(s['exact_rate'])} |")
-    return "\n".join(lines)
+    head = ["tool latency", "variant", "dialogues", "calls", "mean wall s", "time saved", "prefill tokens",
+            "prefill saved", "hit rate", "tool wait s", "exact"]
+    rows = [[f"{s['latency_s']:g} s", s["variant"], s["dialogues"], s["calls"], f"{s['mean_wall_s']:.2f}",
+             pct(s["saved_frac"]), s["prefilled_tokens"], pct(s["prefill_saved_frac"]),
+             pct(s["hit_rate"]) if s["variant"] == "speculative" else "", f"{s['tool_wait_s']:.1f}",
+             pct(s["exact_rate"])] for s in summary]
+    return md_table(head, rows, align="rl" + "r" * 9)
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -328,12 +325,15 @@ def markdown_table(summary: Sequence[dict]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name, local HF folder or hub id")
     p.add_argument("--datasets", default=DEFAULT_DATASETS,
-                   help="comma-separated benchmark names (data/dedupe/eval/<name>.jsonl) or JSONL paths of "
+                   help="comma-separated benchmark names (<name>.jsonl in --benchmark-dir) or JSONL paths of "
                         "API-Bank level-3 / ToolAlpaca records")
+    p.add_argument("--benchmark-dir", type=Path, default=None,
+                   help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
+                        "directory, where `dvc repro dedupe` writes them)")
     p.add_argument("--limit", type=int, default=None, help="first N dialogues (by id) of each dataset")
     p.add_argument("--min-steps", type=int, default=2, help="dialogues with at least this many calls")
     p.add_argument("--latencies", default="0,0.5,2", help="simulated tool latencies in seconds, comma-separated")
-    p.add_argument("--method", choices=("ar", "toolspec", "ooospec"), default="toolspec",
+    p.add_argument("--method", choices=SERVED, default="toolspec",
                    help="decoding method, the same in every variant")
     p.add_argument("--speculator", choices=("gold", "sidecar"), default="gold",
                    help="the early guess of each call: the recorded call at arrival (ceiling) or the sidecar's")
@@ -359,9 +359,10 @@ def _latencies(text: str) -> list[float]:
 def run_cli(args: argparse.Namespace) -> int:
     import torch
 
-    from ooospec.eval.bench import environment, resolve_dataset
+    from ooospec.eval.bench import environment
     from ooospec.runtime import hardware
     from ooospec.runtime.models import load_target
+    from ooospec.runtime.paths import resolve_benchmark
     from ooospec.runtime.sidecar_client import SidecarClient, launch_sidecar
 
     latencies = _latencies(args.latencies)
@@ -369,7 +370,11 @@ def run_cli(args: argparse.Namespace) -> int:
         raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
     dialogues: list[Dialogue] = []
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        found = load_dialogues(resolve_dataset(name), args.limit, args.min_steps)
+        try:
+            path = resolve_benchmark(name, args.benchmark_dir)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from e
+        found = load_dialogues(path, args.limit, args.min_steps)
         print(f"{name}: {len(found)} dialogues, {sum(d.steps for d in found)} calls", file=sys.stderr)
         dialogues += found
     if not dialogues:

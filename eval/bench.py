@@ -72,9 +72,10 @@ from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.eval.llamacpp_peers import peer_factory as llamacpp_peer_factory
 from ooospec.eval.method_api import BenchContext, MethodFactory, MethodFn, MethodResult
 from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS, summarize_hints
-from ooospec.pipelines.records import iter_jsonl, validate_record, write_json
-from ooospec.runtime import hardware, metrics
+from ooospec.pipelines.records import iter_jsonl, load_records, write_json
+from ooospec.runtime import hardware, methods, metrics
 from ooospec.runtime.cost_model import Footprint, footprint
+from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, PACKAGE_ROOT, resolve_benchmark
 from ooospec.runtime.verify import tie_margin_of
 
 logger = logging.getLogger(__name__)
@@ -83,13 +84,12 @@ BASELINE = "ar"
 HF_REFERENCE = "hf-greedy"
 LLAMACPP_REFERENCE = "llama.cpp"
 REFERENCES = {"hf": HF_REFERENCE, "llama.cpp": LLAMACPP_REFERENCE}   # backend -> its stock greedy, run every example
-ENGINE_METHODS = ("ar", "pld", "toolspec", "pld-fixed", "toolspec-fixed", "ooospec", "ooospec-gold")
-HF_PEERS = ("hf-greedy", "hf-pld", "hf-assisted")
+ENGINE_METHODS = methods.ENGINE_METHODS
+HF_PEERS = methods.peers_of("hf")
 PEER_METHODS = HF_PEERS + LLAMACPP_PEERS
-KNOWN_METHODS = ENGINE_METHODS + PEER_METHODS
-BENCHMARK_DIR = Path("data/dedupe/eval")
+KNOWN_METHODS = tuple(methods.REGISTRY)
+FIXED_NODES = methods.FIXED_NODES
 WARMUP_TOKENS = 16  # budget of a warm-up call
-FIXED_NODES = 32    # the node budget of the "-fixed" methods
 
 
 # ----------------------------------------------------------------------------------------- the methods
@@ -146,44 +146,23 @@ class WarmCache:
         return kv
 
 
-def engine_method(engine) -> MethodFn:
-    """Adapt a :class:`~ooospec.runtime.engine.SpecEngine` to the method API (with a ``warm`` hook)."""
-    cache = WarmCache(engine.model)
+def decoder_method(decoder, hints=None) -> MethodFn:
+    """Adapt a :class:`~ooospec.runtime.methods.RequestDecoder` to the method API (with a ``warm`` hook).
 
-    def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
-        return method_result(engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop, cache=cache.take()))
-
-    run.warm = cache.warm
-    return run
-
-
-def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kwargs) -> MethodFn:
-    """ToolSpec = schema FSM drafts + retrieval drafts + PLD, merged into one tree per step (in that priority).
-
-    With ``hints`` (a :class:`~ooospec.eval.ooospec_method.HintSource`) this is OoO-Spec: the request's hints
-    start at its arrival (the start of the timed call) and a :class:`~ooospec.runtime.hints.HintDrafter` joins
-    the drafters right after the FSM.
-
-    The FSM drafter depends on the request's tools, so it and its engine are built per request, inside the timed
-    call (building the grammar is part of serving that request). What a long-lived drafter would have learnt
-    carries over: the retrieval bank and the tree policy's acceptance estimates are one object each for the whole
-    run, and each new FSM drafter first observes the previous request's output (how this target opens its calls).
-    All learn only from outputs this method produced, never from gold calls.
+    With ``hints`` (a :class:`~ooospec.eval.ooospec_method.BenchHints`) the request's hints start at its arrival
+    (the start of the timed call) and a :class:`~ooospec.runtime.hints.HintDrafter` joins the drafters right after
+    the FSM. Engines that depend on the request (ToolSpec's FSM) are built inside the timed call: building the
+    grammar is part of serving that request.
     """
-    from ooospec.runtime.budget import AcceptanceStats
     from ooospec.runtime.hints import HintDrafter
-    from ooospec.runtime.methods import ToolSpecDrafters, make_engine
 
-    drafter_set = ToolSpecDrafters()
-    acceptance = AcceptanceStats()
-    cache = WarmCache(model)
+    cache = WarmCache(decoder.model)
 
     def run(prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
         arrival = time.perf_counter()  # the request arrives: nothing of it was computed before this
         source = hints.start(ctx, arrival) if hints is not None else None
         hint_drafter = HintDrafter(source) if source is not None else None
-        drafters = drafter_set.for_request(ctx.tokenizer, ctx.fmt, ctx.record["tools"], hint_drafter)
-        engine = make_engine(model, drafters, eos_token_ids=eos_token_ids, acceptance=acceptance, **engine_kwargs)
+        engine = decoder.engine(ctx.tokenizer, ctx.fmt, ctx.record["tools"], hint_drafter)
         try:
             r = engine.generate(prompt_ids, ctx.max_new_tokens, stop=ctx.stop, cache=cache.take())
         except BaseException:
@@ -193,7 +172,7 @@ def toolspec_method(model, eos_token_ids: Sequence[int], hints=None, **engine_kw
         res = method_result(r)
         if hints is not None:
             res.hints = hints.finish(source, hint_drafter, r)
-        drafter_set.observe(prompt_ids, res.tokens)
+        decoder.observe(prompt_ids, res.tokens)
         return res
 
     run.warm = cache.warm
@@ -237,11 +216,10 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
 
     A factory returns a fresh callable (fresh engine, fresh drafter state and acceptance estimates) each time it
     is called. ``NAME-fixed`` is engine method ``NAME`` with the fixed node budget instead of the budget policy.
-    ``ooospec`` takes its hints from ``hints`` (a :class:`~ooospec.eval.ooospec_method.HintSource`, e.g. a running
+    ``ooospec`` takes its hints from ``hints`` (a :class:`~ooospec.eval.ooospec_method.BenchHints`, e.g. a running
     sidecar); ``ooospec-gold`` always from the gold call (the ceiling).
     """
     from ooospec.eval.ooospec_method import GoldHints
-    from ooospec.runtime.methods import METHODS
 
     unknown = [n for n in names if n not in KNOWN_METHODS]
     if unknown:
@@ -256,21 +234,14 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
     factories: dict[str, MethodFactory] = {}
     notes: list[str] = []
     for name in order:
-        if name == "ar":
-            factories[name] = lambda: engine_method(
-                METHODS["ar"](model, eos_token_ids=eos_token_ids, record_margins=True))
-        elif name in ("pld", "pld-fixed"):
-            kw = {"policy": "fixed", "max_draft_nodes": FIXED_NODES} if name.endswith("-fixed") else {}
-            factories[name] = lambda kw=kw: engine_method(METHODS["pld"](model, eos_token_ids=eos_token_ids, **kw))
-        elif name in ("toolspec", "toolspec-fixed"):
-            kw = {"policy": "fixed", "max_draft_nodes": FIXED_NODES} if name.endswith("-fixed") else {}
-            factories[name] = lambda kw=kw: toolspec_method(model, eos_token_ids, **kw)
-        elif name == "ooospec":
-            if hints is None:
-                raise ValueError("method 'ooospec' needs a hint source (a sidecar, or --hints gold)")
-            factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=hints)
-        elif name == "ooospec-gold":
-            factories[name] = lambda: toolspec_method(model, eos_token_ids, hints=GoldHints())
+        method = methods.REGISTRY[name]
+        if method.is_engine:
+            if method.hints == "sidecar" and hints is None:
+                raise ValueError(f"method {name!r} needs a hint source (a sidecar, or --hints gold)")
+            kw = {"record_margins": True} if name == BASELINE else {}
+            factories[name] = lambda method=method, kw=kw: decoder_method(
+                methods.RequestDecoder(method, model, eos_token_ids=eos_token_ids, **kw),
+                hints={"sidecar": hints, "gold": GoldHints()}.get(method.hints) if method.hints else None)
         elif name in LLAMACPP_PEERS:
             factories[name] = llamacpp_peer_factory(name, gguf, threads=threads or hardware.available_cores(),
                                                     pld_tokens=pld_tokens)
@@ -283,22 +254,6 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
 
 
 # ------------------------------------------------------------------------------------------------- data
-
-
-def resolve_dataset(dataset: str, root: Path = Path(".")) -> Path:
-    """A benchmark name -> ``data/dedupe/eval/<name>.jsonl`` (under ``root``), or a JSONL path as given."""
-    as_path = Path(dataset)
-    if as_path.suffix == ".jsonl" or as_path.is_file():
-        if not as_path.is_file():
-            raise FileNotFoundError(f"--dataset {dataset}: no such file")
-        return as_path
-    path = root / BENCHMARK_DIR / f"{dataset}.jsonl"
-    if not path.is_file():
-        have = sorted(p.stem for p in (root / BENCHMARK_DIR).glob("*.jsonl"))
-        raise FileNotFoundError(
-            f"benchmark {dataset!r}: {path} not found; build the benchmarks with `dvc repro dedupe` "
-            f"(available now: {have or 'none'}), or pass a path to a JSONL file of records")
-    return path
 
 
 def record_ids_of(rows_path: Path) -> set[str]:
@@ -315,17 +270,11 @@ def load_examples(path: Path, limit: int | None = None, *, ids: set[str] | None 
                   seed: int = 0) -> list[dict]:
     """Valid records of ``path`` sorted by id: only those in ``ids`` when given, then a seeded random ``sample`` of
     them (kept in id order), then the first ``limit``. Invalid or duplicate ids (among those kept) raise."""
-    records, seen = [], set()
-    for lineno, rec in iter_jsonl(path):
-        if ids is not None and (not isinstance(rec, dict) or rec.get("id") not in ids):
-            continue
-        bad = validate_record(rec)
-        if bad is not None:
-            raise ValueError(f"{path}:{lineno}: record {rec.get('id')!r} is not usable ({bad[0]}: {bad[1]})")
-        if rec["id"] in seen:
-            raise ValueError(f"{path}:{lineno}: duplicate record id {rec['id']!r}")
-        seen.add(rec["id"])
-        records.append(rec)
+    read = load_records(path, "fail" if ids is None else "skip", what="benchmark records")
+    bad = [b for b in read.bad if ids is None or b.id is None or b.id in ids]
+    if bad:
+        raise ValueError(bad[0].message())
+    records = [r for r in read.rows if ids is None or r["id"] in ids]
     records.sort(key=lambda r: r["id"])
     if sample is not None:
         if sample < 1:
@@ -572,9 +521,8 @@ def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, base
 
 
 def _git(*args: str) -> str | None:
-    repo = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(["git", "-C", str(PACKAGE_ROOT), *args], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -618,7 +566,10 @@ def backend_env(backend: tuple[str, str], model) -> dict:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name, local HF folder, .gguf or hub id")
     p.add_argument("--dataset", required=True,
-                   help="benchmark name (data/dedupe/eval/<name>.jsonl) or a path to a JSONL file of records")
+                   help=f"benchmark name (<name>.jsonl in {BENCHMARK_DIR_FLAG}) or a path to a JSONL file of records")
+    p.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None,
+                   help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
+                        "directory, where `dvc repro dedupe` writes them)")
     p.add_argument("--methods", default="ar,pld,toolspec,hf-pld",
                    help=f"comma-separated, from {','.join(KNOWN_METHODS)} (ar and hf-greedy always run)")
     p.add_argument("--limit", type=int, default=None, help="first N examples by id (default: all)")
@@ -658,7 +609,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
                         "shipped adapter for the run and stop it after")
     g.add_argument("--sidecar-model", default="sidecar", help="served model name (vLLM: the --lora-modules name)")
-    g.add_argument("--sidecar-adapter", default=None, help="adapter folder to serve (default: adapters/sidecar)")
+    g.add_argument("--sidecar-adapter", default=None, help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
     g.add_argument("--sidecar-deploy", choices=sorted(DEPLOYMENTS), default=DEFAULT_DEPLOYMENT,
                    help="where the sidecar runs next to the target (see eval/ooospec_method.py)")
 
@@ -679,7 +630,11 @@ def run_cli(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"--threads: {e}") from e
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    records = load_examples(resolve_dataset(args.dataset), args.limit, sample=args.sample,
+    try:
+        dataset = resolve_benchmark(args.dataset, args.benchmark_dir)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from e
+    records = load_examples(dataset, args.limit, sample=args.sample,
                             ids=record_ids_of(args.ids_from) if args.ids_from else None)
     out = args.out or default_out(args.target, args.dataset)
     torch.set_num_threads(threads[0])

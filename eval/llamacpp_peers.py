@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ooospec.eval.method_api import BenchContext, MethodResult
+from ooospec.runtime.methods import peers_of
 
-PEERS = ("llama.cpp", "llama.cpp-pld")
+PEERS = peers_of("llama.cpp")
 
 
 class LlamaCppPeer:

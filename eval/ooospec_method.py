@@ -6,7 +6,7 @@ drafters and a :class:`~ooospec.runtime.hints.HintDrafter` on that request, and 
 blocking and, once the hint bank is ready, adds suffix-matched hint branches to the trees. The target stays the
 only commit authority: output == greedy AR whatever the sidecar answers, or whether it answers at all.
 
-Hint sources (:class:`HintSource`): :class:`SidecarHints` (the real thing) and :class:`GoldHints`, the ceiling
+Hint sources (:class:`BenchHints`): :class:`SidecarHints` (the real thing) and :class:`GoldHints`, the ceiling
 (``--hints gold``, method ``ooospec-gold``): the benchmark's gold call through the same views and bank, ready at
 time zero, no sidecar -- how fast ``ooospec`` could be with perfect, free hints. A diagnostic, never a headline.
 
@@ -35,6 +35,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ooospec.runtime.metrics import nearest_rank
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ def server_placement(deploy: Deployment, bench_threads: int) -> tuple[list[int] 
     return None, bench_threads
 
 
-class HintSource(Protocol):
+class BenchHints(Protocol):
     def start(self, ctx, arrival: float) -> Any:
         """Begin this request's hints (never blocks, except ``wave-first``); returns the drafter's source."""
         ...
@@ -146,11 +148,6 @@ class SidecarHints:
                 "n_queries": st.n_queries, "payload_bytes": st.payload_bytes, "response_bytes": st.response_bytes,
                 "error": st.error, "call": st.call, "server": st.server,
                 "target_sidecar_s": st.build_s + hint["match_s"]}
-
-
-def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of ascending ``sorted_values`` by nearest rank (``eval_sidecar``'s p90 rule)."""
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def summarize_hints(rows: Sequence[dict]) -> dict | None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
-from typing import Any
+
+from ooospec.eval.reporting import fmt_cell, md_table
 
 # (header, summary key, format[, scale])
 COLUMNS: list[tuple] = [
@@ -44,17 +44,6 @@ def method_order(results: dict) -> list[str]:
     """Methods in run order (``config.methods`` when present, else the ``methods`` object's order)."""
     listed = results.get("config", {}).get("methods") or []
     return [m for m in listed if m in results["methods"]] + [m for m in results["methods"] if m not in listed]
-
-
-def fmt_cell(value: Any, spec: str) -> str:
-    """One table cell; ``-`` for a missing or non-finite value.
-
-    >>> fmt_cell(1.5, "{:.2f}x"), fmt_cell(None, "{:.2f}"), fmt_cell(0.5, "{:.0%}")
-    ('1.50x', '-', '50%')
-    """
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return spec.format(value)
 
 
 def cell(summary: dict, column: tuple) -> str:
@@ -126,13 +115,14 @@ def hint_table(results: dict) -> list[str]:
     names = [n for n in method_order(results) if results["methods"][n].get("hints")]
     if not names:
         return []
-    lines = ["| hints of | " + " | ".join(c[0] for c in HINT_COLUMNS) + " | errors |",
-             "|---|" + "---:|" * len(HINT_COLUMNS) + "---|"]
+    rows = []
     for name in names:
         h = results["methods"][name]["hints"]
         errors = ", ".join(f"{k} {v}" for k, v in sorted((h.get("errors") or {}).items())) or "-"
-        lines.append(f"| {name} | " + " | ".join(cell(h, c) for c in HINT_COLUMNS) + f" | {errors} |")
-    return [""] + lines + wave_vs_call_lines(results, names)
+        rows.append([name, *(cell(h, c) for c in HINT_COLUMNS), errors])
+    table = md_table(["hints of", *(c[0] for c in HINT_COLUMNS), "errors"], rows,
+                     align="l" + "r" * len(HINT_COLUMNS) + "l")
+    return ["", table] + wave_vs_call_lines(results, names)
 
 
 def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec") -> list[str]:
@@ -155,12 +145,8 @@ def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec
 def markdown_table(results: dict) -> str:
     """The per-method summary as a markdown table (and the hint table); the environment line, notes and
     mismatches under it."""
-    header = "| method | " + " | ".join(c[0] for c in COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(COLUMNS)
-    lines = [header, rule]
-    for name in method_order(results):
-        s = results["methods"][name]
-        lines.append(f"| {name} | " + " | ".join(cell(s, c) for c in COLUMNS) + " |")
+    rows = [[name, *(cell(results["methods"][name], c) for c in COLUMNS)] for name in method_order(results)]
+    lines = [md_table(["method", *(c[0] for c in COLUMNS)], rows)]
     lines += hint_table(results)
     footer = [env_line(results)] + [f"note: {n}" for n in results.get("notes", [])] + mismatch_lines(results)
     return "\n".join(lines + [""] + [f for f in footer if f])
@@ -235,7 +221,7 @@ def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = ("ar", "tools
     for m in methods:
         head += [f"{m} mean s", f"{m} vs llama.cpp"]
     head += ["toolspec #MAT", "identical to ar", "near-ties", "defects"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for res in runs:
         cfg, summ = res.get("config", {}), res["methods"]
         if PEER not in summ:
@@ -250,8 +236,8 @@ def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = ("ar", "tools
         row += [fmt_cell(summ.get("toolspec", {}).get("mat"), "{:.2f}"),
                 f"{sum(s['exact_rate'] * s['n'] for s in spec) / n:.0%}" if n else "-",
                 str(sum(s["near_ties"] for s in spec)), str(sum(s["defects"] for s in spec))]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(row)
+    return md_table(head, rows, align="l" * len(head)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

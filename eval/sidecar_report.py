@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ooospec.eval.report import fmt_cell
+from ooospec.eval.reporting import fmt_cell, md_table
 
 # (header, getter over (train, eval) metrics, format)
 COLUMNS = [
@@ -87,12 +87,9 @@ def parse_run(spec: str) -> tuple[str, Path | None, Path]:
 
 def table(runs: list[tuple[str, dict, dict]]) -> str:
     """Markdown table, one row per ``(label, train_metrics, eval_metrics)``."""
-    head = "| run | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
-    sep = "|---|" + "|".join("---" if spec == "{}" else "---:" for _, _, spec in COLUMNS) + "|"
-    lines = [head, sep]
-    for label, t, e in runs:
-        lines.append(f"| {label} | " + " | ".join(fmt_cell(get(t, e), spec) for _, get, spec in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[label, *(fmt_cell(get(t, e), spec) for _, get, spec in COLUMNS)] for label, t, e in runs]
+    align = "l" + "".join("l" if spec == "{}" else "r" for _, _, spec in COLUMNS)
+    return md_table(["run", *(h for h, _, _ in COLUMNS)], rows, align=align) + "\n"
 
 
 def source_table(runs: list[tuple[str, dict, dict]]) -> str:
@@ -100,13 +97,11 @@ def source_table(runs: list[tuple[str, dict, dict]]) -> str:
     rows = [(label, name, m) for label, _, e in runs for name, m in (e.get("by_source") or {}).items()]
     if not rows:
         return ""
-    lines = ["| run | source | requests | function acc | (always 0) | arg EM non-null | joined call EM |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for label, name, m in rows:
-        cells = [fmt_cell(m.get("requests"), "{:d}")] + [fmt_cell(m.get(k), "{:.1%}") for k in (
-            "function_acc", "function_always_0", "argument_exact_match_non_null", "joined_exact_match")]
-        lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    head = ["run", "source", "requests", "function acc", "(always 0)", "arg EM non-null", "joined call EM"]
+    keys = ("function_acc", "function_always_0", "argument_exact_match_non_null", "joined_exact_match")
+    cells = [[label, name, fmt_cell(m.get("requests"), "{:d}"), *(fmt_cell(m.get(k), "{:.1%}") for k in keys)]
+             for label, name, m in rows]
+    return md_table(head, cells, labels=2) + "\n"
 
 
 TICKS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)

@@ -59,13 +59,13 @@ from ooospec.eval.ooospec_method import summarize_hints
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import metrics
+from ooospec.runtime.paths import PACKAGE_ROOT, resolve_benchmark
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # the code a measurement depends on: a change here starts stored cells over (see transfer_cell)
 MEASURED_CODE = ("runtime", "eval/bench.py", "eval/peers.py", "eval/method_api.py", "eval/ooospec_method.py")
 HINT_METHODS = ("ooospec", "ooospec-gold")
@@ -454,7 +454,7 @@ def run(params: TransferParams, cells_dir: Path, report_dir: Path, metrics_path:
     machine = {"cpu": hardware.cpu_info()["model"], "threads": threads[0], "threads_reason": threads[1],
                "dtype": dtype[0], "dtype_reason": dtype[1]}
     logger.info("threads %d (%s); dtype %s (%s)", threads[0], threads[1], dtype[0], dtype[1])
-    benchmarks = {b: bench.load_examples(bench.resolve_dataset(b), params.limit) for b in params.benchmarks}
+    benchmarks = {b: bench.load_examples(resolve_benchmark(b), params.limit) for b in params.benchmarks}
     adapter = Path(params.sidecar_adapter)
     if "ooospec" in params.methods and not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(
@@ -513,7 +513,7 @@ def log_wandb(results: dict, wandb_dir: Path, report_dir: Path) -> None:
     import wandb
 
     from ooospec.eval import transfer_report
-    from ooospec.pipelines.train_sidecar import configure_wandb
+    from ooospec.pipelines.tracking import configure_wandb
 
     configure_wandb("wandb", wandb_dir.parent, "ooo-spec")
     run = wandb.init(job_type="transfer", name=f"transfer-{results['started']}", config=results["params"],

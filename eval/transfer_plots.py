@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from ooospec.eval.transfer_report import methods_of, targets_of
+from ooospec.eval.transfer_data import methods_of, targets_of
 
 # one colour per method, the same in every figure and in the HTML legend
 METHOD_COLORS = {

@@ -6,7 +6,7 @@ Run as::
     ooospec transfer-report eval/reports/transfer/transfer.json --out-dir eval/reports/transfer
 
 (the stage runs the same :func:`write_reports` at its end). Every number printed is a value of the JSON,
-formatted by :func:`ooospec.eval.report.fmt_cell`; the "transfer, honestly" sentences (:func:`transfer_notes`)
+formatted by :func:`ooospec.eval.reporting.fmt_cell`; the "transfer, honestly" sentences (:func:`transfer_notes`)
 compare those values with the thresholds below. Both documents render the same :class:`Table` objects
 (:func:`tables`), so the Markdown and the HTML cannot disagree.
 """
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ooospec.eval.report import fmt_cell
+from ooospec.eval.reporting import fmt_cell, md_table, md_text
+from ooospec.eval.transfer_data import bench_name, methods_of, targets_of
 
 HELPS = 1.05          # hint gain (ooospec over toolspec, ratio of mean times) from which hints "help"
 WEAK_CALLER = 0.5     # own call accuracy below which a target is a weak caller
@@ -48,23 +49,6 @@ class Table:
 
 
 # -------------------------------------------------------------------------------------------- reading
-
-
-def bench_name(cell: dict) -> str:
-    return Path(cell["benchmark"]).stem
-
-
-def targets_of(results: dict) -> list[str]:
-    """Targets in params order (the JSON's ``targets`` object is key-sorted on disk)."""
-    return [t for t in results["params"]["targets"] if t in results["targets"]]
-
-
-def methods_of(results: dict) -> list[str]:
-    """Every method in run order over the cells."""
-    order: list[str] = []
-    for c in results["cells"]:
-        order += [m for m in c["methods_run"] if m not in order]
-    return order
 
 
 def dig(obj: Any, *keys: str) -> Any:
@@ -332,19 +316,13 @@ def transfer_notes(results: dict) -> list[tuple[str, str, list[str]]]:
 # ------------------------------------------------------------------------------------------- markdown
 
 
-def _md_text(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def table_markdown(table: Table) -> str:
     lines = [f"### {table.title}", ""]
     if table.lead:
         lines += [table.lead, ""]
-    lines.append("| " + " | ".join(_md_text(h) for h in table.headers) + " |")
-    lines.append("|" + "---|" * table.labels + "---:|" * (len(table.headers) - table.labels))
-    lines += ["| " + " | ".join(_md_text(c.text) for c in row) + " |" for row in table.rows]
+    lines.append(md_table(table.headers, [[c.text for c in row] for row in table.rows], labels=table.labels))
     if table.notes:
-        lines += [""] + [f"- {_md_text(n)}" for n in table.notes]
+        lines += [""] + [f"- {md_text(n)}" for n in table.notes]
     return "\n".join(lines)
 
 

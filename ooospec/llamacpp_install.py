@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ooospec.runtime.paths import cache_dir
+
 VERSION = "0.3.36"
 # the vendored llama.cpp only: no multimodal library, tools, examples, tests or server
 CMAKE_ARGS = ("-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
@@ -45,8 +47,7 @@ def cpu_key() -> str:
 
 
 def wheel_dir(cache: str | None = None) -> Path:
-    root = Path(cache or os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser()
-    return root / "wheels" / f"llama-cpp-python-{VERSION}" / cpu_key()
+    return cache_dir(cache or None) / "wheels" / f"llama-cpp-python-{VERSION}" / cpu_key()
 
 
 def loads(python: str = sys.executable) -> str | None:

@@ -15,10 +15,12 @@ import argparse
 import logging
 from pathlib import Path
 
+from ooospec.runtime.methods import SERVED
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name (ooospec models list), local HF folder or hub id")
-    p.add_argument("--method", choices=("ar", "toolspec", "ooospec"), default=None,
+    p.add_argument("--method", choices=SERVED, default=None,
                    help="decoding method (default: ooospec with --sidecar, else toolspec); output is greedy either way")
     p.add_argument("--sidecar", default=None, metavar="URL",
                    help="a running sidecar server (ours or vLLM) for method ooospec, e.g. http://127.0.0.1:8765")

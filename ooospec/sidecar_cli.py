@@ -3,7 +3,7 @@
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
 
-``--adapter`` defaults to the shipped adapter (``adapters/sidecar``, or ``$OOOSPEC_SIDECAR_ADAPTER``). ``predict``
+``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`). ``predict``
 writes one JSON object per record, in input order::
 
     {"id": ..., "call": {"name", "arguments"} | null, "direct_call": {"name", "arguments"} | null,
@@ -11,7 +11,10 @@ writes one JSON object per record, in input order::
 
 where ``call`` joins the index and argument answers and ``direct_call`` is the direct-call answer, each validated
 against the tools' schemas (invalid arguments dropped), and the wave is the one-pass wave of all the record's
-queries (the direct-call query included). A benchmark name means ``data/dedupe/eval/<name>.jsonl``.
+queries (the direct-call query included). Every ``--dataset`` line must be a valid record
+(:func:`ooospec.pipelines.records.load_records`); a bad one stops the command with ``file:line``, the reason and
+the field, before any prediction is written. A benchmark name means ``<name>.jsonl`` in ``--benchmark-dir``
+(default ``data/dedupe/eval`` under the working directory).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-BENCHMARK_DIR = Path("data/dedupe/eval")
+from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
 
 def predict_records(sidecar, records: Iterable[Mapping]) -> Iterator[dict]:
@@ -42,17 +45,6 @@ def predict_records(sidecar, records: Iterable[Mapping]) -> Iterator[dict]:
                "direct_call": sp.checked_direct_call(rec["tools"], direct_text),
                "wave_s": result.wave_s, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                "n_queries": len(wave.queries)}
-
-
-def resolve_dataset(dataset: str) -> Path:
-    """A JSONL path as given, or a benchmark name -> ``data/dedupe/eval/<name>.jsonl``."""
-    path = Path(dataset)
-    if path.suffix != ".jsonl" and not path.is_file():
-        path = BENCHMARK_DIR / f"{dataset}.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"--dataset {dataset}: {path} not found (a JSONL file of records, or a benchmark name "
-                         f"built by `dvc repro dedupe` into {BENCHMARK_DIR}/)")
-    return path
 
 
 def _cpus(text: str) -> list[int]:
@@ -75,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument("--cpus", type=_cpus, default=None, help="pin the server to these cores, e.g. 1 or 0,1")
     predict.add_argument("--dataset", required=True, help="a JSONL file of records or a benchmark name")
+    predict.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None,
+                         help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
+                              "directory)")
     predict.add_argument("--out", type=Path, required=True, help="predictions JSONL")
     predict.add_argument("--limit", type=int, default=None, help="first N records only")
 
@@ -90,17 +85,27 @@ def run_cli(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from ooospec.pipelines.records import load_records
     from ooospec.runtime.sidecar import Sidecar
 
-    path = resolve_dataset(args.dataset)
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()][: args.limit]
+    try:
+        path = resolve_benchmark(args.dataset, args.benchmark_dir)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from e
+    try:  # every line is validated before the model loads: a bad one is a one-line error naming file:line
+        records = load_records(path, "fail", what="--dataset records").rows[: args.limit]
+    except ValueError as e:
+        raise SystemExit(f"ooospec sidecar predict: {e}") from None
     sidecar = Sidecar.from_adapter(args.adapter, threads=args.threads, dtype=args.dtype)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".partial")
     rows = tqdm(predict_records(sidecar, records), total=len(records), desc=f"sidecar predict {path.name}")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    tmp.replace(args.out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        tmp.replace(args.out)
+    except BaseException:  # no half-written predictions left behind (Ctrl-C included)
+        tmp.unlink(missing_ok=True)
+        raise
     print(f"wrote {len(records)} predictions to {args.out}")
     return 0

@@ -19,6 +19,10 @@ Steps:
    comes from the same source dialogue as an evaluation record (``meta.dialogue``: API-Bank's level-1/2 tests are
    cut from the lv1/lv2 sample dialogues), or if it carries a benchmark's tool docs (``meta.bfcl_distractor``).
 
+Input lines go through :func:`records.load_records` (the records validation of ingest): a bad line fails the stage
+with ``file:line``, the reason and the field, or with ``on_reject: skip`` is left out and counted (``input`` in the
+metrics).
+
 Writes ``train.jsonl`` and ``eval/<benchmark>.jsonl`` (sorted by id), ``metrics/dedupe.json`` and one data card per
 produced dataset (``data_cards/train.md``, ``data_cards/eval/<benchmark>.md``).
 """
@@ -30,6 +34,7 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
@@ -37,8 +42,8 @@ from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import (
     canonical_calls,
     canonical_json,
+    load_records,
     norm_text,
-    read_jsonl,
     write_json,
     write_jsonl,
 )
@@ -67,6 +72,7 @@ class DedupeParams:
     train_splits: tuple[str, ...] = DEFAULT_TRAIN_SPLITS                      # "source/split"
     drop_eval_duplicates: bool = False
     drop_bfcl_distractors: bool = True
+    on_reject: Literal["skip", "fail"] = "fail"   # an input line that is not a valid record: fail, or skip + count
 
 
 # ---------------------------------------------------------------- keys (pure)
@@ -194,8 +200,9 @@ def check_no_leak(train: list[dict], evals: dict[str, list[dict]]) -> list[str]:
 def run(params: DedupeParams, records_path: Path, out_dir: Path, *,
         metrics_path: Path = Path("metrics/dedupe.json"), cards_dir: Path | None = Path("data_cards"),
         ingest_metrics: Path | None = Path("metrics/ingest.json")) -> dict:
-    records = list(read_jsonl(records_path))
-    train, evals, stats = dedupe(params, records)
+    read = load_records(records_path, params.on_reject, what="ingest records", knob="dedupe.on_reject")
+    train, evals, stats = dedupe(params, read.rows)
+    stats["input"] = read.summary()
     leaks = check_no_leak(train, evals)
     if leaks:  # cannot happen by construction; guard against a future edit of dedupe()
         raise AssertionError(f"{len(leaks)} training records still leak, e.g. {leaks[:3]}")
@@ -212,6 +219,8 @@ def run(params: DedupeParams, records_path: Path, out_dir: Path, *,
             import json
             ingest_stats = json.loads(Path(ingest_metrics).read_text())
         dedupe_cards(stats, ingest_stats, Path(cards_dir))
+    if read.bad:
+        print(f"dedupe: skipped {len(read.bad)} bad input records {stats['input']['bad_by_reason']}", file=sys.stderr)
     print(f"dedupe: train {len(train)} records; removed {stats['train']['removed_total']}; "
           f"eval {{{', '.join(f'{b}: {len(v)}' for b, v in sorted(evals.items()))}}}", file=sys.stderr)
     return stats

@@ -20,6 +20,8 @@ are parsed with the runtime's own parsers and compared as canonical compact JSON
 Next to them: ``baselines`` (what a constant answer scores on the same slots) and, with ``--base-only``, the
 untrained base (no adapter) as a second floor. ``--records FILE_OR_BENCHMARK`` evaluates zero-shot on any
 records (e.g. ``apibank-l1`` = ``data/dedupe/eval/apibank-l1.jsonl``) instead of heldout request rows.
+``max_forwards`` bounds the work (requests are taken in seeded order until the decode forwards are spent), so the
+default pipeline's evaluation of a barely trained adapter stays a few minutes.
 
     python -m ooospec.pipelines.eval_sidecar data/slots/heldout.jsonl models/sidecar/adapter metrics/eval_sidecar.json
     python -m ooospec.pipelines.eval_sidecar --records bfcl-simple-python models/sidecar/adapter out.json
@@ -42,9 +44,10 @@ from typing import Any
 from tqdm import tqdm
 
 from ooospec.pipelines.params import as_dict, load_section
-from ooospec.pipelines.records import canonical_json, read_jsonl, write_json
+from ooospec.pipelines.records import canonical_json, load_records, write_json
 from ooospec.pipelines.slot_rows import read_request_rows, request_rows, row_wave
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.paths import BENCHMARK_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -60,21 +63,29 @@ class EvalSidecarParams:
 
     max_requests: int = 24  # requests evaluated (seeded choice); 0 = all
     max_new_tokens: int = 48  # per answer; an argument value longer than this counts as wrong
+    # decode forwards over the whole run (direct-call passes included); once spent, no further request starts
+    # (0 = no bound). A weak adapter decodes every branch to max_new_tokens, a trained one stops after a few
+    # forwards, so this bounds a smoke run's time without shrinking a good adapter's evaluation.
+    max_forwards: int = 0
     threads: int = 0  # torch threads for the waves (latency is reported at this count); 0 = all cores
     dtype: str = "auto"  # sidecar weights: auto | bf16 | fp32 (auto: see ooospec.runtime.hardware)
     direct_call: bool = True  # also answer (untimed) and score the direct-call query
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.max_forwards < 0:
+            raise ValueError(f"eval_sidecar.max_forwards must be >= 0 (0 = no bound), got {self.max_forwards}")
+
 
 # --------------------------------------------------------------------------------------------- selection
 
 def select_requests(rows: Sequence[dict], max_requests: int, seed: int) -> list[dict]:
-    """At most ``max_requests`` rows (0 = all), chosen by hash of ``seed:id``; sorted by id."""
+    """At most ``max_requests`` rows (0 = all), chosen by hash of ``seed:id``, in that hash order: any prefix
+    (what a ``max_forwards`` budget leaves) is itself a seeded sample, not the first ids of one source."""
     if max_requests < 0:
         raise ValueError(f"max_requests must be >= 0 (0 = all), got {max_requests}")
     ranked = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{r['id']}".encode()).hexdigest())
-    keep = ranked if max_requests == 0 else ranked[:max_requests]
-    return sorted(keep, key=lambda r: r["id"])
+    return ranked if max_requests == 0 else ranked[:max_requests]
 
 
 def resolve_records(name_or_path: str) -> Path:
@@ -82,7 +93,7 @@ def resolve_records(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
-    bench = Path("data/dedupe/eval") / f"{name_or_path}.jsonl"
+    bench = BENCHMARK_DIR / f"{name_or_path}.jsonl"
     if bench.is_file():
         return bench
     known = sorted(p.stem for p in bench.parent.glob("*.jsonl")) if bench.parent.is_dir() else []
@@ -91,9 +102,11 @@ def resolve_records(name_or_path: str) -> Path:
 
 
 def rows_from_records(path: Path) -> tuple[list[dict], int]:
-    """Request rows of every record's calls; records whose calls name no tool are skipped (and counted)."""
-    rows, skipped = [], 0
-    for rec in read_jsonl(path):
+    """Request rows of every record's calls; invalid records (:func:`records.load_records`, logged with
+    ``file:line``) and records whose calls name no tool are skipped (and counted)."""
+    read = load_records(path, "skip", what="benchmark records")
+    rows, skipped = [], len(read.bad)
+    for rec in read.rows:
         try:
             rows += request_rows(rec)
         except (ValueError, KeyError, TypeError) as e:
@@ -228,10 +241,12 @@ def by_source(per_row: Sequence[tuple[str, list[dict], list[str], dict | None, d
 
 
 def _summary(values: Sequence[float]) -> dict:
+    from ooospec.runtime.metrics import nearest_rank
+
     ms = sorted(v * 1000 for v in values)
     if not ms:
         return {}
-    return {"median_ms": round(statistics.median(ms), 2), "p90_ms": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 2),
+    return {"median_ms": round(statistics.median(ms), 2), "p90_ms": round(nearest_rank(ms, 0.9), 2),
             "mean_ms": round(statistics.fmean(ms), 2)}
 
 
@@ -268,7 +283,13 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     all_slots, all_answers, joined, gold_calls, per_row = [], [], [], [], []
     waves = {"wave_s": [], "prefill_s": [], "decode_s": [], "queries": [], "forwards": [], "block_tokens": []}
     sidecar.answer(row_wave(chosen[0], sp.WAVE_FORMS)[0])  # warm-up: allocator, kernels, caches
+    num_forwards, evaluated = 0, 0
     for row in tqdm(chosen, desc="eval_sidecar", unit="req"):
+        if params.max_forwards and num_forwards >= params.max_forwards:
+            logger.info("max_forwards=%d spent after %d of %d requests: stopping", params.max_forwards, evaluated,
+                        len(chosen))
+            break
+        evaluated += 1
         wave, slots = row_wave(row, sp.WAVE_FORMS)
         slots = [{**s, "in_block": in_block(s, row["block"])} for s in slots]
         result = sidecar.answer(wave)
@@ -277,6 +298,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         waves["decode_s"].append(result.decode_s)
         waves["queries"].append(len(slots))
         waves["forwards"].append(result.n_forwards)
+        num_forwards += result.n_forwards
         waves["block_tokens"].append(result.block_tokens)
         all_slots += slots
         all_answers += result.answers
@@ -290,8 +312,10 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         per_row.append((source_of(row), slots, list(result.answers), row_joined, gold))
         if call_slot is not None and params.direct_call:
             dc_wave, dc_slots = row_wave(row, ("direct_call",))
+            dc_result = sidecar.answer(dc_wave)
+            num_forwards += dc_result.n_forwards
             all_slots += dc_slots
-            all_answers += sidecar.answer(dc_wave).answers
+            all_answers += dc_result.answers
     metrics = {
         "adapter": str(adapter_dir) if base is None else None,
         "base": sidecar.metadata.get("base"),
@@ -299,8 +323,10 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         "source": source,
         "dtype": dtype,
         "dtype_reason": dtype_why,
-        "requests": len(chosen),
+        "requests": evaluated,
+        "requests_chosen": len(chosen),  # more than ``requests`` when max_forwards stopped the run
         "requests_available": len(rows),
+        "num_forwards": num_forwards,
         **score(all_slots, all_answers),
         "joined": joined_score(joined, gold_calls),
         "baselines": trivial_baselines(all_slots),

@@ -26,6 +26,10 @@ are never capped: they are the runtime's full wave.
 Split: ``sha256(meta.dialogue or record_id)`` as a fraction in [0, 1) below ``heldout_fraction`` goes to
 heldout, so all requests of a record (and all records cut from one dialogue, which share context) land on one
 side, whatever else is in the file. Rows are sorted by id.
+
+Input lines go through :func:`ooospec.pipelines.records.load_records`: a line that is not a valid record fails
+the stage with ``file:line``, the reason and the field, or with ``on_reject: skip`` is left out and counted
+(``input`` in the metrics).
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
 from ooospec.pipelines.params import as_dict, load_section
-from ooospec.pipelines.records import atomic_write_text, read_jsonl, write_json, write_jsonl
+from ooospec.pipelines.records import atomic_write_text, load_records, write_json, write_jsonl
 from ooospec.pipelines.slot_rows import request_row
 from ooospec.runtime import sidecar_prompts as sp
 
@@ -55,6 +60,7 @@ class ExpandSlotsParams:
     max_null_per_request: int | None = None      # uncalled-tool null slots kept per train request (None: all)
     forms: tuple[str, ...] = sp.FORMS             # which supervision forms to emit
     seed: int = 0
+    on_reject: Literal["skip", "fail"] = "fail"   # an input line that is not a valid record: fail, or skip + count
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.heldout_fraction <= 1.0:
@@ -173,8 +179,10 @@ Slots per request: median {per['train']['median']} / max {per['train']['max']} (
 
 def run(params: ExpandSlotsParams, calls_path: Path, train_path: Path, heldout_path: Path,
         metrics_path: Path | None, card_path: Path | None) -> dict:
-    records = sorted(read_jsonl(calls_path), key=lambda r: r["id"])
+    read = load_records(calls_path, params.on_reject, what="normalized records", knob="expand_slots.on_reject")
+    records = sorted(read.rows, key=lambda r: r["id"])
     out, stats = expand(params, records)
+    stats["input"] = read.summary()
     write_jsonl(train_path, out["train"])
     write_jsonl(heldout_path, out["heldout"])
     stats["params"] = as_dict(params)
@@ -182,6 +190,9 @@ def run(params: ExpandSlotsParams, calls_path: Path, train_path: Path, heldout_p
         write_json(metrics_path, stats)
     if card_path is not None:
         slots_card(stats, Path(card_path))
+    if read.bad:
+        print(f"expand_slots: skipped {len(read.bad)} bad input records {stats['input']['bad_by_reason']}",
+              file=sys.stderr)
     print(f"expand_slots: {stats['requests']['train']} train / {stats['requests']['heldout']} heldout requests "
           f"({stats['slots']['train']['total']} / {stats['slots']['heldout']['total']} slots) from "
           f"{len(records)} records", file=sys.stderr)

@@ -13,6 +13,8 @@
 Run as a stage, or by hand with a push (HF_TOKEN from the environment; it is never printed or logged)::
 
     python -m ooospec.pipelines.export_adapter models/sidecar export/sidecar-adapter --metrics-dir metrics
+    python -m ooospec.pipelines.export_adapter models/sidecar-full adapters/sidecar --metrics-dir metrics \
+        --metrics train_sidecar=RUN.train.json --metrics eval_sidecar=RUN.heldout.json   # pipelines/full/dvc.yaml
     ooospec export runs/full-smollm2 adapters/sidecar --metrics-dir runs/full-smollm2.metrics   # the shipped one
     HF_TOKEN=... ooospec export --push you/ooo-spec-sidecar
 
@@ -34,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from ooospec.eval.reporting import md_table, pct
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import atomic_write_text, write_json
 
@@ -77,11 +80,21 @@ class ExportAdapterParams:
 
 # ------------------------------------------------------------------------------------------- model card
 
-def read_metrics(metrics_dir: Path) -> dict[str, dict]:
-    """``{stage: metrics}`` for each ``metrics/<stage>.json`` of :data:`CARD_METRICS` that exists."""
+def read_metrics(metrics_dir: Path, files: dict[str, Path] | None = None) -> dict[str, dict]:
+    """``{stage: metrics}`` for each ``metrics/<stage>.json`` of :data:`CARD_METRICS` that exists.
+
+    ``files`` names a stage's file elsewhere (``{"eval_sidecar": Path("runs/heldout.json")}``); such a file must
+    exist, and a stage outside :data:`CARD_METRICS` is an error.
+    """
+    files = dict(files or {})
+    unknown = sorted(set(files) - set(CARD_METRICS))
+    if unknown:
+        raise ValueError(f"metrics for unknown stage(s) {unknown}; the card reads {list(CARD_METRICS)}")
     out = {}
     for stage in CARD_METRICS:
-        path = Path(metrics_dir) / f"{stage}.json"
+        path = Path(files[stage]) if stage in files else Path(metrics_dir) / f"{stage}.json"
+        if stage in files and not path.is_file():
+            raise FileNotFoundError(f"{path}: the {stage} metrics given with --metrics do not exist")
         if path.is_file():
             out[stage] = json.loads(path.read_text(encoding="utf-8"))
     return out
@@ -100,11 +113,11 @@ def _scalars(d: dict, prefix: str = "", depth: int = 2) -> list[tuple[str, Any]]
 
 
 def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
+    return pct(x, "n/a")
 
 
 def _table(rows: list[tuple[str, Any]]) -> str:
-    return "\n".join(["| key | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
+    return md_table(["key", "value"], rows, align="ll")
 
 
 def eval_section(ev: dict | None) -> str:
@@ -235,8 +248,11 @@ The adapter itself is released under {params.license}.
 # ------------------------------------------------------------------------------------------- export
 
 def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-        metrics_dir: str | os.PathLike = "metrics") -> Path:
-    """Build the Hub folder ``out_dir`` from a train_sidecar output ``model_dir``; return ``out_dir``."""
+        metrics_dir: str | os.PathLike = "metrics", metrics_files: dict[str, Path] | None = None) -> Path:
+    """Build the Hub folder ``out_dir`` from a train_sidecar output ``model_dir``; return ``out_dir``.
+
+    The card's metrics come from ``metrics_dir/<stage>.json``, or from ``metrics_files[stage]`` where given.
+    """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     adapter = model_dir / "adapter"
     missing = [f for f in ADAPTER_FILES if not (adapter / f).is_file()]
@@ -258,7 +274,8 @@ def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str 
     write_json(tmp / "adapter_config.json", cfg)
     atomic_write_text(tmp / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
     write_json(tmp / "params.json", {**train_params, "export_adapter": as_dict(params)})
-    card = model_card(params, recipe, train_params.get("train_sidecar", {}), read_metrics(Path(metrics_dir)))
+    metrics = read_metrics(Path(metrics_dir), metrics_files)
+    card = model_card(params, recipe, train_params.get("train_sidecar", {}), metrics)
     atomic_write_text(tmp / "README.md", card)
     for f in tmp.iterdir():
         f.chmod(0o644)  # atomic writes create 0600 files; a Hub folder is meant to be read
@@ -312,6 +329,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", nargs="?", default="models/sidecar", help="train_sidecar output")
     parser.add_argument("out_dir", nargs="?", default="export/sidecar-adapter", help="Hub folder to write")
     parser.add_argument("--metrics-dir", default="metrics", help="where the stage metrics JSON files are")
+    parser.add_argument("--metrics", action="append", default=[], metavar="STAGE=FILE",
+                        help="read STAGE's metrics from FILE instead of the metrics dir (repeatable), "
+                             "e.g. eval_sidecar=runs/heldout.json")
     parser.add_argument("--params", default="params.yaml", help="params file (section export_adapter)")
     parser.add_argument("--push", metavar="REPO_ID", default=None, help="upload to this Hub model repo (HF_TOKEN)")
     parser.add_argument("--private", action="store_true", help="create the Hub repo as private")
@@ -320,8 +340,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     params = load_section(ExportAdapterParams, "export_adapter", Path(args.params))
+    files = {}
+    for spec in args.metrics:
+        stage, sep, path = spec.partition("=")
+        if not sep or not stage or not path:
+            raise SystemExit(f"export: --metrics {spec!r}: expected STAGE=FILE")
+        files[stage] = Path(path)
     if (Path(args.model_dir) / "adapter").is_dir():
-        out = run(params, args.model_dir, args.out_dir, args.metrics_dir)
+        out = run(params, args.model_dir, args.out_dir, args.metrics_dir, files)
         print(f"export: wrote {out}")
     elif not (args.push and (Path(args.out_dir) / "adapter_config.json").is_file()):
         print(f"export: no trained adapter in {args.model_dir}/adapter; run `dvc repro train_sidecar` first",

@@ -17,8 +17,15 @@ first failing check names the reason:
 ``schema_violation``     a call's arguments do not validate against that tool's JSON Schema, or use a key
                          the schema's ``properties`` do not declare (a slot the sidecar cannot have;
                          ``allow_undeclared_arguments`` keeps them)
+``uncheckable_schema``   a call's arguments cannot be checked against the tool's schema in bounded time (a
+                         pattern that backtracks past ``schemas.PATTERN_BUDGET_S``, a ``$ref`` cycle the
+                         arguments walk into): the same bounded validation as ingest (``runtime/schemas.py``)
 ``disagrees_with_gold``  the multiset of function names differs from the gold calls' names
 =======================  ===================================================================
+
+The records file is read with :func:`records.load_records` (ingest's validation) and every trace line is checked
+for its fields; a bad line fails the stage with ``file:line``, the reason and the field, or with
+``on_reject: skip`` is left out and counted (``input`` in the metrics).
 
 Argument values that differ from the gold are kept: the sidecar learns the teacher's values (``args_match_gold``
 counts how often they agree). Also writes ``metrics/normalize.json`` and ``data_cards/normalize.md``.
@@ -31,27 +38,29 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-import jsonschema
-from jsonschema import Draft202012Validator
 from tqdm import tqdm
 
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import (
+    UNCHECKABLE_SCHEMA,
     atomic_write_text,
     canonical_calls,
-    read_jsonl,
+    load_records,
+    load_rows,
     tool_by_name,
     write_json,
     write_jsonl,
 )
-from ooospec.runtime import formats
+from ooospec.runtime import formats, schemas
 
 UNPARSEABLE = "unparseable"
 UNKNOWN_TOOL = "unknown_tool"
 SCHEMA_VIOLATION = "schema_violation"
 DISAGREES_WITH_GOLD = "disagrees_with_gold"
-REASONS = (UNPARSEABLE, UNKNOWN_TOOL, SCHEMA_VIOLATION, DISAGREES_WITH_GOLD)
+REASONS = (UNPARSEABLE, UNKNOWN_TOOL, SCHEMA_VIOLATION, UNCHECKABLE_SCHEMA, DISAGREES_WITH_GOLD)
+MALFORMED_TRACE = "malformed_trace"   # a traces.jsonl line without its fields (an input error, not a reject)
 
 
 @dataclass(frozen=True)
@@ -59,12 +68,25 @@ class NormalizeParams:
     require_gold_agreement: bool = True   # reject traces whose function names differ from the gold's
     allow_undeclared_arguments: bool = False  # keep argument keys that the schema's properties do not declare
     max_reject_text_chars: int = 2000     # raw text kept per reject row
+    on_reject: Literal["skip", "fail"] = "fail"  # an input line that is not a valid record/trace: fail, or skip
 
 
 class Rejected(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail = reason, detail
+
+
+def trace_problem(trace: dict) -> tuple[str, str] | None:
+    """``(MALFORMED_TRACE, detail naming the field)`` when a traces.jsonl row lacks what normalize reads."""
+    for key in ("id", "backend", "model", "text"):
+        if not isinstance(trace.get(key), str) or (key == "id" and not trace[key]):
+            got = "missing" if key not in trace else f"got {type(trace[key]).__name__}"
+            return MALFORMED_TRACE, f"{key}: expected a{' non-empty' if key == 'id' else ''} string, {got}"
+    fmt = trace.get("format")
+    if fmt is not None and (not isinstance(fmt, str) or fmt not in formats.FORMATS):
+        return MALFORMED_TRACE, f"format: expected null or one of {sorted(formats.FORMATS)}, got {str(fmt)[:40]!r}"
+    return None
 
 
 def parse_trace(trace: dict) -> list[dict]:
@@ -83,12 +105,18 @@ def check_calls(record: dict, calls: list[dict], params: NormalizeParams) -> Non
         if c["name"] not in tools:
             raise Rejected(UNKNOWN_TOOL, f"call {c['name']!r} not in tools {sorted(tools)[:8]}")
     for c in calls:
-        err = jsonschema.exceptions.best_match(
-            Draft202012Validator(tools[c["name"]]["parameters"]).iter_errors(c["arguments"]))
+        parameters = tools[c["name"]]["parameters"]
+        try:  # bounded: regexes under a time budget, depth capped, recursion caught (runtime/schemas.py)
+            err = schemas.first_error(c["arguments"], parameters)
+        except schemas.UncheckableSchema as e:
+            raise Rejected(UNCHECKABLE_SCHEMA, f"call {c['name']!r}: {e}"[:300]) from None
+        except Exception as e:  # noqa: BLE001 - e.g. a $ref the gold call never reached does not resolve
+            raise Rejected(UNCHECKABLE_SCHEMA,
+                           f"call {c['name']!r}: schema check failed ({type(e).__name__}: {e})"[:300]) from None
         if err is not None:
             path = "/".join(str(p) for p in err.absolute_path) or "<root>"
             raise Rejected(SCHEMA_VIOLATION, f"call {c['name']!r} at {path}: {err.message[:200]}")
-        declared = tools[c["name"]]["parameters"].get("properties", {})
+        declared = schemas.properties(parameters)
         extra = sorted(set(c["arguments"]) - set(declared))
         if extra and not params.allow_undeclared_arguments:
             raise Rejected(SCHEMA_VIOLATION, f"call {c['name']!r}: undeclared argument(s) {extra[:5]} "
@@ -178,9 +206,16 @@ Rejected traces are in `data/normalize/rejects.jsonl` with their reason and raw 
 def run(params: NormalizeParams, records_path: Path, traces_path: Path, out_path: Path, rejects_path: Path, *,
         metrics_path: Path | None = Path("metrics/normalize.json"),
         card_path: Path | None = Path("data_cards/normalize.md")) -> dict:
-    records = {r["id"]: r for r in read_jsonl(records_path)}
-    traces = list(read_jsonl(traces_path))
+    read = load_records(records_path, params.on_reject, what="training records", knob="normalize.on_reject")
+    read_traces = load_rows(traces_path, trace_problem, params.on_reject, what="teacher traces",
+                           knob="normalize.on_reject")
+    records = {r["id"]: r for r in read.rows}
+    traces = read_traces.rows
+    if params.on_reject == "skip":  # a skipped record takes its trace with it
+        traces = [t for t in traces if t["id"] in records]
     kept, rejects, stats = normalize(params, records, traces)
+    stats["input"] = {"records": read.summary(), "traces": read_traces.summary(),
+                      "num_traces_without_record": len(read_traces.rows) - len(traces)}
     write_jsonl(out_path, kept)
     write_jsonl(rejects_path, rejects)
     stats["teacher_backends"] = sorted({t["backend"] for t in traces})
@@ -189,6 +224,8 @@ def run(params: NormalizeParams, records_path: Path, traces_path: Path, out_path
         write_json(metrics_path, stats)
     if card_path is not None:
         normalize_card(stats, Path(card_path))
+    if read.bad or read_traces.bad:
+        print(f"normalize: skipped {len(read.bad)} bad records, {len(read_traces.bad)} bad traces", file=sys.stderr)
     print(f"normalize: kept {stats['num_kept']}/{stats['num_traces']}; rejects {stats['rejects_by_reason']}",
           file=sys.stderr)
     return stats

@@ -14,11 +14,11 @@ import logging
 import os
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from ooospec.pipelines.params import as_dict, coerce
+from ooospec.runtime.paths import resolve_recipe
 
 DTYPES = ("auto", "fp32", "bf16")
 AUTOCASTS = ("auto", "bf16", "none")
@@ -133,11 +133,8 @@ def recipe_from_dict(data: dict, source: str = "<dict>") -> Recipe:
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate ``recipes/*.yaml``."""
-    path = Path(path)
-    if not path.is_file():
-        known = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise FileNotFoundError(f"recipe {str(path)!r} not found (recipes there: {known})")
+    """Read and validate ``recipes/*.yaml`` (found by :func:`~ooospec.runtime.paths.resolve_recipe`)."""
+    path = resolve_recipe(path)
     with open(path, encoding="utf-8") as f:
         return recipe_from_dict(yaml.safe_load(f), str(path))
 

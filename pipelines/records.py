@@ -15,6 +15,10 @@ A record is a plain JSON object, the shape chat templates take::
   ``lang``              natural language of the request, when not English
 
 A record that cannot be parsed or fails validation becomes a :class:`Reject` and goes to the rejects file.
+
+Every stage and command that reads a records file reads it with :func:`load_records` (:func:`validate_record` on
+each line): a bad line is a :class:`BadRecord` whose message names ``file:line``, the record, the reason and the
+field; the caller's ``on_reject`` (``fail`` | ``skip``) decides whether it stops the run or is counted and left out.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,8 @@ from jsonschema import Draft202012Validator
 
 from ooospec.runtime import schemas
 from ooospec.runtime.calls import canonical_calls, canonical_json, norm_text, norm_value  # noqa: F401
+
+logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -129,6 +137,21 @@ def _json_problem(value: Any, limit: int = schemas.MAX_JSON_DEPTH) -> str | None
     return None
 
 
+def _tool_calls_problem(tool_calls: Any) -> str | None:
+    """What is wrong with a message's ``tool_calls`` (``[{"type": "function", "function": {name, arguments}}]``,
+    or bare ``{name, arguments}`` items), as a suffix of the field path; None when usable."""
+    if not isinstance(tool_calls, list):
+        return f": expected a list, got {_kind(tool_calls)}"
+    for j, tc in enumerate(tool_calls):
+        fn = tc.get("function", tc) if isinstance(tc, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), dict)):
+            return f'[{j}]: expected {{"type": "function", "function": {{"name": str, "arguments": {{...}}}}}}'
+        problem = _json_problem(fn["arguments"])
+        if problem:
+            return f"[{j}].arguments: {problem}"
+    return None
+
+
 def _shape_problem(rec: Any) -> str | None:
     """The first field of ``rec`` that has the wrong type, named (``messages[1].content: expected ...``)."""
     if not isinstance(rec, dict):
@@ -153,6 +176,10 @@ def _shape_problem(rec: Any) -> str | None:
             return f"messages[{i}].role: expected one of {list(ROLES)}, got {str(m.get('role'))[:40]!r}"
         if not isinstance(m.get("content"), str):
             return f"messages[{i}].content: expected a string, got {_kind(m.get('content'))}"
+        if "tool_calls" in m:
+            problem = _tool_calls_problem(m["tool_calls"])
+            if problem:
+                return f"messages[{i}].tool_calls{problem}"
     for i, t in enumerate(rec["tools"]):
         if not isinstance(t, dict):
             return f"tools[{i}]: expected an object, got {_kind(t)}"
@@ -244,34 +271,160 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _decode_line(raw: bytes, lineno: int) -> dict | None:
+    """The JSON object on one line (None for a blank line). Raises ValueError saying what is wrong (no path)."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (bytes {raw[e.start:e.start + 4]!r} at column {e.start + 1}); re-encode "
+                         "the file as UTF-8") from None
+    if not line.strip():
+        return None
+    line = line.rstrip("\r\n")
+    try:
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg}, column {e.pos + 1})") from None
+    except RecursionError:
+        raise ValueError("JSON nests too deep to read") from None
+    except ValueError as e:  # NaN / Infinity, an integer past int_max_str_digits
+        raise ValueError(f"not valid JSON ({e})") from None
+    if not isinstance(obj, dict):  # a data error like the others: one exception type for callers
+        raise ValueError(f"expected a JSON object per line, got {_kind(obj)}")  # noqa: TRY004
+    return obj
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as f:
+        yield from enumerate(f, 1)
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for every non-blank line of a JSON-lines file (blank lines count too).
 
     Raises ValueError naming ``path:line`` for a line that is not UTF-8, not JSON (NaN and Infinity are not),
     nests too deep for the parser, or is not an object.
     """
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 (bytes {raw[e.start:e.start + 4]!r} at column "
-                                 f"{e.start + 1}); re-encode the file as UTF-8") from None
-            if not line.strip():
-                continue
-            line = line.rstrip("\r\n")
-            try:
-                obj = json.loads(line, parse_constant=_reject_constant)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.pos + 1})") from None
-            except RecursionError:
-                raise ValueError(f"{path}:{lineno}: JSON nests too deep to read") from None
-            except ValueError as e:  # NaN / Infinity, an integer past int_max_str_digits
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict):  # a data error like the others: one exception type for callers
-                got = _kind(obj)
-                raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {got}")  # noqa: TRY004
+    for lineno, raw in _lines(path):
+        try:
+            obj = _decode_line(raw, lineno)
+        except ValueError as e:
+            raise ValueError(f"{path}:{lineno}: {e}") from None
+        if obj is not None:
             yield lineno, obj
+
+
+# ---------------------------------------------------------------- record files (every stage's one reader)
+
+DUPLICATE_ID = "duplicate_id"
+ON_REJECT = ("skip", "fail")
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """One line of a record file that is not a usable record: where, which record, why."""
+
+    path: str
+    line: int
+    id: str | None       # the record's id when it has a string one
+    reason: str          # a reject reason of this module (``malformed_record``, ``no_gold_call``, ...)
+    detail: str          # names the field: ``messages: expected a non-empty list ...``
+
+    def message(self) -> str:
+        rid = f"record {self.id!r}: " if self.id is not None else ""
+        return " ".join(f"{self.path}:{self.line}: {rid}{self.reason}: {self.detail}".split())  # one line
+
+
+@dataclass
+class RecordFile:
+    """The usable records (or rows) of a file, in file order, and its bad lines."""
+
+    path: str
+    rows: list[dict]
+    bad: list[BadRecord]
+
+    def summary(self) -> dict:
+        """``{"num_read", "num_bad", "bad_by_reason", "bad_examples"}`` for a stage's metrics."""
+        reasons = Counter(b.reason for b in self.bad)
+        return {"num_read": len(self.rows), "num_bad": len(self.bad),
+                "bad_by_reason": dict(sorted(reasons.items())),
+                "bad_examples": [b.message()[:300] for b in self.bad[:5]]}
+
+
+def record_problem(rec: Any) -> tuple[str, str] | None:
+    """:func:`validate_record`, never raising even on a bug in it (the reader must not crash on any line)."""
+    try:
+        return validate_record(rec)
+    except Exception as e:  # noqa: BLE001 - a record must not take the stage down; it is reported instead
+        return MALFORMED_RECORD, f"validation failed ({type(e).__name__}: {str(e)[:200]})"
+
+
+def load_rows(path: str | os.PathLike, check: Callable[[dict], tuple[str, str] | None], on_reject: str = "fail",
+              *, what: str = "rows", knob: str | None = None) -> RecordFile:
+    """Read a JSONL file and check every line with ``check`` (``(reason, detail)`` or None) and for a unique
+    string ``id``; what :func:`load_records` does for records, for other row kinds (teacher traces).
+
+    See :func:`load_records` for ``on_reject``, ``what``, ``knob`` and what raises.
+    """
+    if on_reject not in ON_REJECT:
+        raise ValueError(f"on_reject must be one of {list(ON_REJECT)}, got {on_reject!r}")
+    rows: list[dict] = []
+    bad: list[BadRecord] = []
+    seen: set[str] = set()
+    for lineno, raw in _lines(Path(path)):
+        try:
+            row = _decode_line(raw, lineno)
+        except ValueError as e:
+            bad.append(BadRecord(str(path), lineno, None, MALFORMED_RECORD, str(e)))
+            continue
+        if row is None:
+            continue
+        rid = row.get("id") if isinstance(row.get("id"), str) else None
+        problem = check(row)
+        if problem is None and rid in seen:
+            problem = (DUPLICATE_ID, f"id: {rid!r} already appears earlier in the file")
+        if problem is not None:
+            bad.append(BadRecord(str(path), lineno, rid, *problem))
+            continue
+        if rid is not None:
+            seen.add(rid)
+        rows.append(row)
+    out = RecordFile(str(path), rows, bad)
+    if bad and on_reject == "fail":
+        more = f" (and {len(bad) - 1} more bad line(s))" if len(bad) > 1 else ""
+        skip = f", or set {knob}: skip in params.yaml to leave bad lines out" if knob else ""
+        raise ValueError(f"{bad[0].message()}{more}; fix the {what}{skip}")
+    for b in bad[:20]:
+        logger.warning("skipped: %s", b.message())
+    if len(bad) > 20:
+        logger.warning("%s: %d more bad lines skipped", path, len(bad) - 20)
+    return out
+
+
+def load_records(path: str | os.PathLike, on_reject: str = "fail", *, what: str = "records",
+                 knob: str | None = None) -> RecordFile:
+    """Read a JSONL file of records and validate each one; the one reader of every stage and command.
+
+    Every line is checked (a JSON object, then :func:`validate_record`, then a unique ``id``), so the error
+    or the report covers the whole file.
+
+    Args:
+        path: the JSONL file.
+        on_reject: ``"fail"``: any bad line raises; ``"skip"``: bad lines are logged and left out (the stage
+            reports :meth:`RecordFile.summary` in its metrics).
+        what: how the caller names the file in the error (``"training records"``).
+        knob: the params key that turns skipping on (``"dedupe.on_reject"``), named in the error; None when the
+            caller has no such knob.
+
+    Returns:
+        The :class:`RecordFile` (valid records in file order, and the bad lines).
+
+    Raises:
+        ValueError: with ``on_reject="fail"``, naming ``path:line``, the record, the reason and the field
+            (``data/x.jsonl:3: record 'a/b/1': malformed_record: messages: expected a list, got a string``)
+            and how many lines are bad.
+    """
+    return load_rows(path, record_problem, on_reject, what=what, knob=knob)
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:

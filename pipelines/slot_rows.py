@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ooospec.pipelines.records import read_jsonl
+from ooospec.pipelines.records import iter_jsonl
 from ooospec.runtime import sidecar_prompts as sp
 
 ROW_KEYS = ("id", "record_id", "function", "tools", "block", "slots")
@@ -44,9 +44,7 @@ def request_rows(record: dict) -> list[dict]:
 def read_request_rows(path: str | os.PathLike) -> list[dict]:
     """Read request rows; a malformed row raises ValueError naming the file, line and field."""
     rows = []
-    for i, row in enumerate(read_jsonl(Path(path)), 1):
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a request row must be a JSON object, got {type(row).__name__}")
+    for i, row in iter_jsonl(Path(path)):  # the file's own line numbers (blank lines count)
         missing = [k for k in ROW_KEYS if k not in row]
         if missing:
             raise ValueError(f"{path}:{i}: request row {row.get('id')!r} lacks {missing}")

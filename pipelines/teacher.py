@@ -28,6 +28,10 @@ Resumable: every finished trace is appended to ``<traces>.partial`` (flush + fsy
 record except for vllm). A rerun skips the ids already there, so a crash or Ctrl-C loses at most the chunk in
 flight, and the final file of an interrupted + resumed run is byte-identical to an uninterrupted one. The partial
 file's first line fingerprints the params that change outputs; a rerun with different ones refuses to mix them.
+
+Input lines go through :func:`records.load_records`: a line that is not a valid record fails the stage with
+``file:line``, the reason and the field, or with ``on_reject: skip`` is left out and counted (``input`` in the
+metrics).
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ooospec.pipelines.params import as_dict, load_section
-from ooospec.pipelines.records import canonical_json, read_jsonl, write_json, write_jsonl
+from ooospec.pipelines.records import canonical_json, load_records, write_json, write_jsonl
 
 TRACE_KEYS = ("id", "backend", "model", "format", "text", "num_prompt_tokens", "num_new_tokens", "finish")
 from tqdm import tqdm
@@ -57,7 +61,7 @@ logger = logging.getLogger(__name__)
 BACKEND_NAMES = ("gold", "transformers", "vllm", "openai")
 # params that do not change a trace: a resumed run may differ in these
 _NOT_IN_FINGERPRINT = ("limit", "seed", "threads", "batch_size", "tensor_parallel_size",
-                       "openai_timeout_s", "openai_api_key_env")
+                       "openai_timeout_s", "openai_api_key_env", "on_reject")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class TeacherParams:
     openai_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key_env: str = "OPENAI_API_KEY"
     openai_timeout_s: float = 300.0
+    on_reject: Literal["skip", "fail"] = "fail"  # an input line that is not a valid record: fail, or skip + count
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_NAMES:
@@ -364,7 +369,8 @@ def run(params: TeacherParams, records_path: Path, out_path: Path, *,
         metrics_path: Path | None = Path("metrics/teacher.json"),
         timings_path: Path | None = None) -> dict:
     """Decode every selected record (resuming ``<out>.partial``) and write the sorted traces; returns metrics."""
-    records = {r["id"]: r for r in read_jsonl(records_path)}
+    read = load_records(records_path, params.on_reject, what="training records", knob="teacher.on_reject")
+    records = {r["id"]: r for r in read.rows}
     selected = select_ids(list(records), params.limit, params.seed)
     part = partial_path(out_path)
     expected = fingerprint(params)
@@ -388,10 +394,14 @@ def run(params: TeacherParams, records_path: Path, out_path: Path, *,
     if timings_path is not None:
         write_jsonl(timings_path, ({"id": r["id"], "seconds": r["seconds"]} for r in rows))
     stats = teacher_stats(rows, len(records), num_resumed, num_decoded, wall)
+    stats["input"] = read.summary()
     stats["params"] = as_dict(params)
     if metrics_path is not None:
         write_json(metrics_path, stats)
     part.unlink(missing_ok=True)
+    if read.bad:
+        print(f"teacher: skipped {len(read.bad)} bad input records {stats['input']['bad_by_reason']}",
+              file=sys.stderr)
     print(f"teacher: {len(rows)} traces ({num_resumed} resumed, {num_decoded} decoded), "
           f"{stats['records_per_s']} rec/s, {stats['new_tokens_per_s']} new tok/s", file=sys.stderr)
     return stats

@@ -43,7 +43,9 @@ from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
 from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
 from ooospec.pipelines.slot_rows import read_request_rows
+from ooospec.pipelines.tracking import configure_wandb
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.paths import DEFAULT_RECIPE
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ FINGERPRINT_FILE = "run_fingerprint.json"
 class TrainSidecarParams:
     """params.yaml section ``train_sidecar``. Defaults are the small CPU run of the README's first command."""
 
-    recipe: str = "recipes/cpu_default.yaml"  # path to a recipes/*.yaml, relative to the repo root
+    recipe: str = DEFAULT_RECIPE  # a recipes/*.yaml, relative to the repo root (else the shipped copy)
     max_train_requests: int = 0  # bounded, seeded subset of the request rows; 0 = all
     seed: int = 0
     threads: int = 0  # torch.set_num_threads on CPU; 0 = the cores this process may use
@@ -107,19 +109,6 @@ def resolve_autocast(recipe: Recipe, threads: int) -> tuple[bool, str]:
 
     dtype, why = resolve_dtype("auto", threads=threads)
     return dtype == "bf16", why
-
-
-def configure_wandb(report_to: str, out_dir: Path, project: str) -> None:
-    """W&B runs offline unless the user chose otherwise (WANDB_API_KEY or WANDB_MODE set): no network errors."""
-    if report_to != "wandb":
-        return
-    if "WANDB_MODE" not in os.environ and "WANDB_API_KEY" not in os.environ:
-        os.environ["WANDB_MODE"] = "offline"
-    os.environ.setdefault("WANDB_PROJECT", project)
-    if "WANDB_DIR" not in os.environ:
-        (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        os.environ["WANDB_DIR"] = str(out_dir)
-    os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def training_args(recipe: Recipe, output_dir: Path, seed: int, bf16: bool, report_to: str | None = None):

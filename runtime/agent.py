@@ -9,9 +9,9 @@
 One turn (seed paper 003's engine-side loop, in process):
 
 1. The turn arrives: ``guess(messages, tools, turn)`` starts an early guess of its call (the sidecar's wave, or
-   any :class:`CallGuess`). A watcher thread hands the guessed call to
-   :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate` the moment it is ready, so a side-effect-free tool
-   runs while the target is still decoding (O1).
+   any :class:`CallGuess`). The guessed call goes to :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate`
+   the moment it is ready (at once when it is ready at arrival, else from a watcher thread), so a
+   side-effect-free tool runs while the target is still decoding (O1).
 2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
    same guess drafts tokens too (O2, :class:`~ooospec.runtime.hints.HintDrafter`).
 3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
@@ -119,18 +119,29 @@ class AgentRun:
 
 
 class _Watcher:
-    """Hands a turn's guessed call to the speculative cache once it is ready, unless the turn is over."""
+    """Hands a turn's guessed call to the speculative cache once it is ready, unless the turn is over.
+
+    A call ready at arrival (a :class:`ReadyGuess`, a wave already answered) is handed over here, before the turn
+    decodes, so its speculative run never races the target; a later one by a watcher thread.
+    """
 
     def __init__(self, guess: CallGuess, tools: SpeculativeTools):
         self.guess, self.tools = guess, tools
         self.call: dict | None = None
         self._lock = threading.Lock()
         self._over = False
-        self.thread = threading.Thread(target=self._run, name="guess-watcher", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        ready = guess.wait_call(0.0)
+        if ready is not None:
+            self._hand_over(ready)
+        else:
+            self.thread = threading.Thread(target=self._run, name="guess-watcher", daemon=True)
+            self.thread.start()
 
     def _run(self) -> None:
-        call = self.guess.wait_call(GUESS_TIMEOUT_S)
+        self._hand_over(self.guess.wait_call(GUESS_TIMEOUT_S))
+
+    def _hand_over(self, call: dict | None) -> None:
         with self._lock:
             if call is None or self._over:
                 return

@@ -12,8 +12,8 @@ share. A :class:`ChatModel` holds the target, its tokenizer and format, the deco
 :meth:`ChatModel.prepare` does everything that can refuse a request (messages, tools, ``tool_choice``, the
 prompt's length: ValueError naming the field) before any decoding, so a server answers 4xx up front.
 
-Methods: ``ar`` (no drafts), ``toolspec`` (schema FSM + retrieval + prompt lookup,
-:class:`~ooospec.runtime.methods.ToolSpecDrafters`), ``ooospec`` (the same plus sidecar hints: a wave sent at
+Methods: the registry's served ones (:data:`~ooospec.runtime.methods.SERVED`: ``ar``, ``toolspec``, ``ooospec``),
+driven by a :class:`~ooospec.runtime.methods.RequestDecoder`; ``ooospec`` takes sidecar hints: a wave sent at
 arrival when a :class:`~ooospec.runtime.sidecar_client.SidecarClient` is given, or the ``hints`` a caller
 passes). Output is the target's greedy decoding whatever the method, session or prefix cache.
 
@@ -38,17 +38,16 @@ from typing import Any, Literal
 import jinja2
 from transformers import PreTrainedModel
 
-from ooospec.runtime.budget import AcceptanceStats
 from ooospec.runtime.engine import GenerationResult
 from ooospec.runtime.formats import common, detect_format
 from ooospec.runtime.hints import HintDrafter, HintSource
 from ooospec.runtime.kv_cache import common_prefix_len
-from ooospec.runtime.methods import ToolSpecDrafters, make_engine
+from ooospec.runtime.methods import SERVED, RequestDecoder, get_method
 from ooospec.runtime.models import eos_token_ids
 from ooospec.runtime.session import SessionStore
 
 Method = Literal["ar", "toolspec", "ooospec"]
-METHODS: tuple[str, ...] = ("ar", "toolspec", "ooospec")
+METHODS: tuple[str, ...] = SERVED
 FinishReason = Literal["tool_calls", "stop", "length"]
 _PROBES = ("a", "b")     # two user contents that differ in their first character (see shared_block_len)
 
@@ -174,8 +173,7 @@ class ChatModel:
 
     def __init__(self, model: PreTrainedModel, tokenizer, *, method: Method = "toolspec", sidecar=None,
                  sessions: SessionStore | None = None, **engine_kwargs):
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        get_method(method, served=True)   # ValueError naming the served methods
         self.model, self.tokenizer = model, tokenizer
         self.fmt = detect_format(tokenizer)
         self.method = method
@@ -183,8 +181,8 @@ class ChatModel:
         self.sessions = sessions
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.engine_kwargs = engine_kwargs
-        self.drafters = ToolSpecDrafters()
-        self.acceptance = AcceptanceStats()      # the tree policy's estimates, learnt across requests
+        # the request's engine; acceptance estimates, retrieval bank and PLD learnt across requests
+        self.decoder = RequestDecoder(method, model, eos_token_ids=self.eos_token_ids, **engine_kwargs)
         self._blocks: OrderedDict[str, list[int]] = OrderedDict()   # (system, tools) -> probe render ids
 
     # ------------------------------------------------------------------------------------- rendering
@@ -260,10 +258,7 @@ class ChatModel:
             request = hints = self.sidecar.submit(messages, shown_tools, fmt=self.fmt, tokenizer=self.tokenizer,
                                                   arrival=arrival)
         hint_drafter = HintDrafter(hints) if self.method == "ooospec" and hints is not None else None
-        drafters = [] if self.method == "ar" else self.drafters.for_request(
-            self.tokenizer, self.fmt, shown_tools, hint_drafter)
-        engine = make_engine(self.model, drafters, eos_token_ids=self.eos_token_ids, acceptance=self.acceptance,
-                             **self.engine_kwargs)
+        engine = self.decoder.engine(self.tokenizer, self.fmt, shown_tools, hint_drafter)
         stop = self._stop_rule(opening, bool(shown_tools), on_tokens)
         try:
             if self.sessions is None:
@@ -276,8 +271,7 @@ class ChatModel:
         finally:
             if request is not None:
                 request.cancel()
-        if self.method != "ar":
-            self.drafters.observe(prompt, result.tokens)
+        self.decoder.observe(prompt, result.tokens)
 
         out = [t for t in result.tokens if t not in self.eos_token_ids]
         text = opening + self.tokenizer.decode(out, skip_special_tokens=False)

@@ -36,6 +36,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ooospec.runtime.kv_cache import new_kv_cache
+from ooospec.runtime.paths import cache_dir
 from ooospec.runtime.tree import chain_tree
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def measure_forward_cost(
 
 
 def _cache_file() -> Path:
-    return Path(os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser() / "forward_cost.json"
+    return cache_dir() / "forward_cost.json"
 
 
 _MEMO: dict[str, ForwardCost] = {}

@@ -31,6 +31,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ooospec.runtime.paths import cache_dir
+
 logger = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 8 << 20  # streaming copy / hash block
@@ -93,13 +95,6 @@ REGISTRY: dict[str, ModelSpec] = {
 
 
 # --------------------------------------------------------------------------------------------- paths
-
-
-def cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """``cache`` if given, else ``$OOOSPEC_CACHE``, else ``~/.cache/ooospec``."""
-    if cache is not None:
-        return Path(cache).expanduser()
-    return Path(os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser()
 
 
 def model_dir(name: str, cache: str | os.PathLike | None = None) -> Path:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from ooospec.runtime.paths import cache_dir
+
 logger = logging.getLogger(__name__)
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")          # native bf16 multiply on x86
@@ -88,7 +90,7 @@ def resolve_threads(threads: int | str | None) -> tuple[int, str]:
 
 
 def _cache_file() -> Path:
-    return Path(os.environ.get("OOOSPEC_CACHE", "~/.cache/ooospec")).expanduser() / "hardware.json"
+    return cache_dir() / "hardware.json"
 
 
 def _probe_key(threads: int) -> str:

@@ -1,50 +1,178 @@
-"""Decoding methods as engine configurations: ``METHODS[name](model, **engine_kwargs) -> SpecEngine``.
+"""Decoding methods: ONE registry (``REGISTRY``) that the bench, the chat server and the agent loop all read.
 
-    ar    no drafter: one token per forward, through the same KV-cache code (the exactness reference)
-    pld   prompt-lookup n-gram drafter (:mod:`ooospec.runtime.pld`)
+Engine methods (drafters verified by the tree engine; output = greedy output of the target, token for token)::
 
-Other methods combine drafters with :func:`make_engine`, e.g. ``make_engine(model, [fsm, retrieval, pld])``;
-ToolSpec's set for a stream of requests is :class:`ToolSpecDrafters` (the bench and the chat server share it). Each
-step the budget policy (:mod:`ooospec.runtime.budget`) picks, from all drafters' candidates, the nodes that
-maximize expected committed tokens per second of forward time (``policy="fixed"``: merge round-robin by rank and
-fill ``max_draft_nodes``).
+    ar              no drafter: one token per forward, through the same KV-cache code (the exactness reference)
+    pld             prompt-lookup n-gram drafter (:mod:`ooospec.runtime.pld`)
+    toolspec        schema FSM of the request's tools + retrieval of earlier calls + prompt lookup
+    ooospec         toolspec + sidecar hints (:mod:`ooospec.runtime.hints`), sent at the request's arrival
+    ooospec-gold    toolspec + the gold call as hints at time zero (bench only: the ceiling of hints)
+    NAME-fixed      NAME with a fixed node budget (``max_draft_nodes=32``) instead of the budget policy
 
-``engine_kwargs`` are :class:`~ooospec.runtime.engine.SpecEngine` keywords (``policy``, ``max_draft_nodes``,
-``max_depth``, ``cost``, ``acceptance``, ``tie_margin``, ``eos_token_ids``, ``record_margins``). Example::
+Peers (stock implementations run by ``ooospec bench`` on the same requests; adapters in :mod:`ooospec.eval`)::
 
-    engine = METHODS["pld"](model, eos_token_ids=[tokenizer.eos_token_id])
-    result = engine.generate(tokenizer(prompt)["input_ids"], max_new_tokens=256)
+    hf-greedy, hf-pld, hf-assisted    transformers' ``generate`` (HF backend)
+    llama.cpp, llama.cpp-pld          llama-cpp-python's ``Llama.generate`` (the target's GGUF)
+
+One request at a time, a method is driven by a :class:`RequestDecoder`: it builds the request's engine (the FSM
+depends on the request's tools) and carries what a long-lived server learns across requests (acceptance
+estimates, the retrieval bank, the previous output the next FSM observes)::
+
+    decoder = RequestDecoder("toolspec", model, eos_token_ids=[tok.eos_token_id])
+    out = decoder.engine(tok, fmt, tools).generate(ids, 256)
+    decoder.observe(ids, out.tokens)
+
+Request-independent engine methods are also callable directly: ``REGISTRY["pld"](model, **engine_kwargs)`` is a
+:class:`~ooospec.runtime.engine.SpecEngine`. ``engine_kwargs`` are SpecEngine keywords (``policy``,
+``max_draft_nodes``, ``max_depth``, ``cost``, ``acceptance``, ``tie_margin``, ``eos_token_ids``,
+``record_margins``). Each step the budget policy (:mod:`ooospec.runtime.budget`) picks, from all drafters'
+candidates, the nodes that maximize expected committed tokens per second of forward time (``policy="fixed"``:
+merge round-robin by rank and fill ``max_draft_nodes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from transformers import PreTrainedModel
+if TYPE_CHECKING:   # the registry itself stays torch-free: CLIs read their choices from it
+    from transformers import PreTrainedModel
 
-from ooospec.runtime.drafting import Drafter
-from ooospec.runtime.engine import SpecEngine
-from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.retrieval import RetrievalDrafter
-from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+    from ooospec.runtime.budget import AcceptanceStats
+    from ooospec.runtime.drafting import Drafter
+    from ooospec.runtime.engine import SpecEngine
+
+DrafterName = Literal["fsm", "hints", "retrieval", "pld"]
+FIXED_NODES = 32    # the node budget of the "-fixed" methods
 
 
 def make_engine(model: PreTrainedModel, drafters: Sequence[Drafter], **engine_kwargs) -> SpecEngine:
     """An engine verifying the union of ``drafters``' candidates (in this order of priority)."""
+    from ooospec.runtime.engine import SpecEngine
+
     return SpecEngine(model, drafters, **engine_kwargs)
 
 
-def ar(model: PreTrainedModel, **engine_kwargs) -> SpecEngine:
-    """Plain greedy decoding: no drafters, every tree is the root alone."""
-    return make_engine(model, [], **engine_kwargs)
+@dataclass(frozen=True)
+class Method:
+    """One decoding method: what it is built from, and where it is offered.
+
+    Attributes:
+        drafters: an engine method's drafters in priority order (``fsm``, ``hints``, ``retrieval``, ``pld``).
+        hints: where an engine method's hints come from: ``"sidecar"`` (a running sidecar) or ``"gold"``.
+        fixed_nodes: the fixed node budget of the ``-fixed`` variants (None: the budget policy).
+        peer: the backend a peer's stock implementation runs on (``"hf"`` / ``"llama.cpp"``); None for ours.
+        served: offered by ``ooospec serve`` and the agent loop (the rest are bench-only).
+    """
+
+    name: str
+    summary: str
+    drafters: tuple[DrafterName, ...] = ()
+    hints: Literal["sidecar", "gold"] | None = None
+    fixed_nodes: int | None = None
+    peer: Literal["hf", "llama.cpp"] | None = None
+    served: bool = False
+
+    @property
+    def is_engine(self) -> bool:
+        return self.peer is None
+
+    @property
+    def per_request(self) -> bool:
+        """Whether the engine depends on the request (its tools, its hints), so it is built per request."""
+        return "fsm" in self.drafters or "hints" in self.drafters
+
+    def engine_kwargs(self) -> dict:
+        return {"policy": "fixed", "max_draft_nodes": self.fixed_nodes} if self.fixed_nodes else {}
+
+    def __call__(self, model: PreTrainedModel, **engine_kwargs) -> SpecEngine:
+        """The engine of a request-independent method (``ar``, ``pld``, ``pld-fixed``)."""
+        if not self.is_engine or self.per_request:
+            raise ValueError(f"method {self.name!r} is built per request: use RequestDecoder({self.name!r}, model)")
+        from ooospec.runtime.pld import PromptLookupDrafter
+
+        drafters = [PromptLookupDrafter()] if "pld" in self.drafters else []
+        return make_engine(model, drafters, **{**self.engine_kwargs(), **engine_kwargs})
 
 
-def pld(model: PreTrainedModel, **engine_kwargs) -> SpecEngine:
-    """Prompt-lookup decoding with the default n-gram settings (max_ngram=3, 10 tokens, 4 candidates)."""
-    return make_engine(model, [PromptLookupDrafter()], **engine_kwargs)
+_TOOLSPEC: tuple[DrafterName, ...] = ("fsm", "retrieval", "pld")
+_OOOSPEC: tuple[DrafterName, ...] = ("fsm", "hints", "retrieval", "pld")
+
+REGISTRY: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "plain greedy decoding through the engine (the exactness reference)", served=True),
+    Method("pld", "prompt-lookup n-gram drafts", drafters=("pld",)),
+    Method("toolspec", "schema FSM + retrieval + prompt-lookup drafts", drafters=_TOOLSPEC, served=True),
+    Method("ooospec", "toolspec + sidecar hints", drafters=_OOOSPEC, hints="sidecar", served=True),
+    Method("ooospec-gold", "toolspec + the gold call as hints at time zero (the ceiling)", drafters=_OOOSPEC,
+           hints="gold"),
+    Method("pld-fixed", "pld with a fixed node budget", drafters=("pld",), fixed_nodes=FIXED_NODES),
+    Method("toolspec-fixed", "toolspec with a fixed node budget", drafters=_TOOLSPEC, fixed_nodes=FIXED_NODES),
+    Method("hf-greedy", "transformers generate, greedy", peer="hf"),
+    Method("hf-pld", "transformers generate with prompt_lookup_num_tokens", peer="hf"),
+    Method("hf-assisted", "transformers assisted generation (--assistant)", peer="hf"),
+    Method("llama.cpp", "llama-cpp-python Llama.generate, greedy, on the target's GGUF", peer="llama.cpp"),
+    Method("llama.cpp-pld", "llama-cpp-python prompt-lookup speculation", peer="llama.cpp"),
+)}
+METHODS = REGISTRY    # the name the engine's docs and tests use: ``METHODS["ar"](model)``
+SERVED: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.served)
+ENGINE_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.is_engine)
 
 
-METHODS: dict[str, Callable[..., SpecEngine]] = {"ar": ar, "pld": pld}
+def peers_of(backend: str) -> tuple[str, ...]:
+    """The peer methods whose stock implementation runs on ``backend``."""
+    return tuple(n for n, m in REGISTRY.items() if m.peer == backend)
+
+
+def get_method(name: str | Method, *, served: bool = False) -> Method:
+    """The registry entry ``name`` (``served``: only methods ``ooospec serve`` offers); ValueError naming the
+    known ones otherwise."""
+    if isinstance(name, Method):
+        return name
+    known = SERVED if served else tuple(REGISTRY)
+    if name not in known:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(known)}")
+    return REGISTRY[name]
+
+
+class RequestDecoder:
+    """One engine method serving a stream of requests (the bench, the chat server and the agent loop use it).
+
+    :meth:`engine` builds the request's engine: request-independent methods reuse one engine; ToolSpec and
+    OoO-Spec build the schema FSM of the request's tools and put the request's hint drafter (if any) right after
+    it. The acceptance estimates, the retrieval bank and the PLD are one object each for the whole stream, and
+    each new FSM first observes the previous request's output (:meth:`observe`). All learn only from outputs this
+    decoder produced, never from gold calls.
+    """
+
+    def __init__(self, method: str | Method, model: PreTrainedModel, *, acceptance: AcceptanceStats | None = None,
+                 **engine_kwargs):
+        from ooospec.runtime.budget import AcceptanceStats
+
+        self.method = get_method(method)
+        if not self.method.is_engine:
+            raise ValueError(f"{self.method.name!r} is a peer, not an engine method")
+        self.model = model
+        self.acceptance = acceptance if acceptance is not None else AcceptanceStats()
+        self.engine_kwargs = {**self.method.engine_kwargs(), **engine_kwargs, "acceptance": self.acceptance}
+        self.toolspec = ToolSpecDrafters() if self.method.per_request else None
+        self._engine: SpecEngine | None = None
+
+    def engine(self, tokenizer=None, fmt=None, tools: Sequence[dict] = (),
+               hints: Drafter | None = None) -> SpecEngine:
+        """The engine for one request with ``tools`` (``hints``: its hint drafter, used by hint methods only)."""
+        if self.toolspec is None:
+            if self._engine is None:
+                self._engine = self.method(self.model, **self.engine_kwargs)
+            return self._engine
+        hints = hints if "hints" in self.method.drafters else None
+        return make_engine(self.model, self.toolspec.for_request(tokenizer, fmt, list(tools), hints),
+                           **self.engine_kwargs)
+
+    def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """The request just served (the next request's FSM observes it)."""
+        if self.toolspec is not None:
+            self.toolspec.observe(prompt, output)
 
 
 class ToolSpecDrafters:
@@ -63,12 +191,17 @@ class ToolSpecDrafters:
     """
 
     def __init__(self) -> None:
+        from ooospec.runtime.pld import PromptLookupDrafter
+        from ooospec.runtime.retrieval import RetrievalDrafter
+
         self.retriever = RetrievalDrafter()
         self.pld = PromptLookupDrafter()
         self._last: list[tuple[list[int], list[int]]] = []   # [(prompt, output)] of the previous request
 
     def for_request(self, tokenizer, fmt, tools: list[dict], hints: Drafter | None = None) -> list[Drafter]:
         """The drafters for one request with ``tools`` (``hints``: e.g. a :class:`~ooospec.runtime.hints.HintDrafter`)."""
+        from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+
         fsm = SchemaFSMDrafter(tokenizer, fmt, tools)
         for prompt, output in self._last:
             fsm.observe(prompt, output)

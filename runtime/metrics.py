@@ -24,6 +24,8 @@ model's :class:`~ooospec.runtime.cost_model.Footprint`, :mod:`ooospec.runtime.ha
   tokens per forward needs *fewer* bytes/s for the same speed: this column says how memory-bound a run is,
   the speedup column how fast it is.
 
+Quantiles: medians are ``statistics.median``; p90 is :func:`nearest_rank` (``q = 0.9``).
+
 Near-tie diagnostics for low-precision runs: :func:`classify_mismatch` locates the first divergence between a
 plain-greedy and a speculative output and says whether the greedy top-2 margin there was within rounding.
 """
@@ -36,10 +38,11 @@ import random
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from ooospec.runtime.cost_model import Footprint
-from ooospec.runtime.engine import GenerationResult
+if TYPE_CHECKING:   # annotations only: the metrics stay importable without torch (pipelines use them)
+    from ooospec.runtime.cost_model import Footprint
+    from ooospec.runtime.engine import GenerationResult
 
 
 def mat(num_tokens: int, num_forwards: int) -> float:
@@ -154,6 +157,19 @@ def classify_mismatch(
 
 
 # ------------------------------------------------------------------------------- intervals and call accuracy
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by nearest rank, ``sorted(values)[min(n - 1, int(q * n))]``: the p90 of every
+    report (wave latency, slot latency). Raises ValueError on no values.
+
+    >>> nearest_rank([5, 1, 4, 2, 3], 0.9), nearest_rank([1, 2], 0.5)
+    (5, 2)
+    """
+    if not values:
+        raise ValueError("nearest_rank of no values")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def bootstrap_median_ci(values: Sequence[float], *, seed: int, num_resamples: int = 2000,

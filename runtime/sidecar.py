@@ -13,7 +13,7 @@ own gives, drafts or not (``tests/runtime/test_sidecar.py`` checks this on tiny 
 Tokenization is part of the layout: a prompt is ``ids(block) + ids(query)``, tokenized apart
 (:func:`encode_wave`), in training (:mod:`ooospec.pipelines.packing`) and here alike.
 
-    sidecar = Sidecar.from_adapter()                                  # the shipped adapter (adapters/sidecar)
+    sidecar = Sidecar.from_adapter()                                  # the shipped adapter (runtime/paths.py)
     call, result = sidecar.predict(messages, tools)                   # {"name", "arguments"} | None
     result.prefill_s, result.decode_s, result.n_forwards, result.answers
 """
@@ -33,6 +33,7 @@ import torch
 
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.kv_cache import KVCache
+from ooospec.runtime.paths import sidecar_adapter_dir
 from ooospec.runtime.pld import lookup
 from ooospec.runtime.tree import ancestor_matrix, build_tree
 from ooospec.runtime.verify import accept_greedy
@@ -40,13 +41,6 @@ from ooospec.runtime.verify import accept_greedy
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = "sidecar.json"   # written next to the adapter: layout version, base, data/metrics summary
-DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "adapters" / "sidecar"
-ADAPTER_ENV = "OOOSPEC_SIDECAR_ADAPTER"
-
-
-def default_adapter_dir() -> Path:
-    """``$OOOSPEC_SIDECAR_ADAPTER`` if set, else the adapter shipped in the repository (``adapters/sidecar``)."""
-    return Path(os.environ[ADAPTER_ENV]) if os.environ.get(ADAPTER_ENV) else DEFAULT_ADAPTER
 
 
 def encode_wave(tokenizer, wave: sp.Wave) -> tuple[list[int], list[list[int]]]:
@@ -309,7 +303,7 @@ class Sidecar:
     def from_adapter(cls, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
                      dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True,
                      max_draft_nodes: int = 6) -> Sidecar:
-        """Load ``adapter_dir`` (default :func:`default_adapter_dir`) on its base model.
+        """Load ``adapter_dir`` (default :func:`~ooospec.runtime.paths.sidecar_adapter_dir`) on its base model.
 
         The base is the metadata's ``base`` (a registry name or a local folder) when this machine has it, else
         its Hub id (``base_model_id``).
@@ -319,7 +313,7 @@ class Sidecar:
 
         from ooospec.runtime.models import REGISTRY, load_target
 
-        adapter_dir = Path(adapter_dir) if adapter_dir is not None else default_adapter_dir()
+        adapter_dir = sidecar_adapter_dir(adapter_dir)
         meta = read_metadata(adapter_dir)
         base = meta.get("base") or ""
         if base not in REGISTRY and not Path(base).exists():   # trained elsewhere: the Hub id

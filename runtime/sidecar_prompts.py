@@ -90,8 +90,12 @@ def first_json(text: str) -> Any:
     """The first JSON value at the start of ``text`` (leading whitespace and trailing text ignored).
 
     Raises ValueError when there is none, when it holds NaN / Infinity / an overflowing number, or nests deeper
-    than :data:`~ooospec.runtime.formats.common.MAX_DEPTH` (the formats' one bounded JSON reader).
+    than :data:`~ooospec.runtime.formats.common.MAX_DEPTH` (the formats' one bounded JSON reader), and when
+    ``text`` is not a string (a missing answer: None), like any other unusable answer.
     """
+    if not isinstance(text, str):
+        # ValueError like every other unusable answer: callers catch one exception type
+        raise ValueError(f"sidecar answer must be a string, got {type(text).__name__}")  # noqa: TRY004
     try:
         return first_value(text)
     except ValueError as e:

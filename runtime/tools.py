@@ -118,9 +118,10 @@ def http_tool(url: str, timeout_s: float) -> Callable[[dict], str]:
 
 
 class ToolRegistry:
-    """Tools by name (see the module docstring)."""
+    """Tools by name (see the module docstring). ``clock`` times runs and timeouts (tests pass a fake one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.tools: dict[str, Tool] = {}
         self.num_runs: dict[str, int] = {}     # name -> runs started (speculative ones included)
         self._lock = threading.Lock()
@@ -169,33 +170,34 @@ class ToolRegistry:
         bad = self.check(call)
         if bad is not None:
             fut.set_result(bad)
-            return ToolRun(fut, time.perf_counter(), 0.0)
+            return ToolRun(fut, self.clock(), 0.0)
         tool = self.tools[call["name"]]
         args = dict(call["arguments"])
         with self._lock:
             self.num_runs[tool.name] += 1
 
+        clock = self.clock
+
         def work() -> None:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 content = to_content(tool.fn(args))
-                result = ToolResult(tool.name, content, True, None, time.perf_counter() - t0)
+                result = ToolResult(tool.name, content, True, None, clock() - t0)
             except urllib.error.URLError as e:
-                result = _error(tool.name, "http", f"{tool.endpoint}: {e}", time.perf_counter() - t0)
+                result = _error(tool.name, "http", f"{tool.endpoint}: {e}", clock() - t0)
             except Exception as e:  # noqa: BLE001 - a failing tool is a result, never a crash
-                result = _error(tool.name, "exception", f"{type(e).__name__}: {e}", time.perf_counter() - t0)
+                result = _error(tool.name, "exception", f"{type(e).__name__}: {e}", clock() - t0)
             fut.set_result(result)
 
-        run = ToolRun(fut, time.perf_counter(), tool.timeout_s, tool.name)
+        run = ToolRun(fut, clock(), tool.timeout_s, tool.name)
         threading.Thread(target=work, name=f"tool-{tool.name}", daemon=True).start()
         return run
 
-    @staticmethod
-    def finish(run: ToolRun) -> ToolResult:
+    def finish(self, run: ToolRun) -> ToolResult:
         """Wait for a started run up to its tool's timeout (counted from its start); a late run is a timeout."""
         if run.future.done():
             return run.future.result()
-        left = run.timeout_s - (time.perf_counter() - run.started_at)
+        left = run.timeout_s - (self.clock() - run.started_at)
         try:
             return run.future.result(timeout=max(left, 0.0))
         except FutureTimeout:
@@ -284,7 +286,8 @@ class SpeculativeTools:
 
     def resolve(self, call: Mapping[str, Any]) -> Resolution:
         """The result for the target's committed ``call``: the speculative run's on a key match, else a real run."""
-        t0 = time.perf_counter()
+        clock = self.registry.clock
+        t0 = clock()
         try:
             key = call_key(call)
         except TypeError:
@@ -294,7 +297,7 @@ class SpeculativeTools:
         if cached is not None:
             result = self.registry.finish(cached)
             if result.ok:
-                wait = time.perf_counter() - t0
+                wait = clock() - t0
                 with self._lock:
                     self.stats.hits += 1
                     self.stats.saved_s += max(result.elapsed_s - wait, 0.0)
@@ -304,7 +307,7 @@ class SpeculativeTools:
         result = self.registry.run(call)
         with self._lock:
             self.stats.misses += 1
-        return Resolution(result, False, time.perf_counter() - t0)
+        return Resolution(result, False, clock() - t0)
 
     def clear(self) -> None:
         """Drop every cached speculative run (runs in flight finish in the background, unused)."""

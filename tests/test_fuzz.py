@@ -2,7 +2,7 @@
 
 Areas: random JSON Schemas (draft 2020-12 features real tools use, plus malformed ones) x the schema FSM with
 a real byte-level BPE tokenizer; the tool-call parsers; the sidecar prompt builder and answer parsers; record
-loading. Properties: no exception other than the documented ValueError, no call over :data:`STEP_S`, draft
+loading, and the pipeline stages' record reader (``records.load_records``) with what the stages do next. Properties: no exception other than the documented ValueError, no call over :data:`STEP_S`, draft
 ids are valid token ids, and FSM drafts never all contradict a valid call: wherever the FSM drafts, some
 draft agrees with the gold call's next character, so following drafts reaches the gold text. A valid call
 here validates against its tool and uses the tool's declared or required keys (keys that only
@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ooospec.eval import bench
+from ooospec.pipelines import dedupe, eval_sidecar, normalize
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
 from ooospec.runtime import sidecar_prompts as sp
@@ -268,13 +269,23 @@ def assert_calls(calls):
         json.dumps(c, allow_nan=False)  # what the engine and the pipeline write back is JSON
 
 
+CALLS = st.builds(lambda name, args: {"name": name, "arguments": args}, NAMES, st.dictionaries(TEXT, JSON, max_size=3))
+
+
 @fuzz(200)
-@given(text=JUNK, repeat=st.sampled_from([1] * 9 + [300]))
+@given(text=JUNK | st.tuples(JUNK, st.sampled_from(FORMATS), CALLS, JUNK).map(
+           lambda t: t[0] + t[1].render_call(t[2]) + t[3]),          # junk around a real call: parsers find calls
+       repeat=st.sampled_from([1] * 9 + [300]))
 def test_parsers_never_raise_and_return_calls(text, repeat):
     text = text * repeat
     for fmt in FORMATS:
-        assert_calls(timed(fmt.parse_calls, text))
+        calls = timed(fmt.parse_calls, text)
+        assert_calls(calls)
         assert isinstance(timed(fmt.is_complete, text), bool)
+        for c in calls[:3]:  # whatever a parser returns is a call its format writes, closes and reads back
+            rendered = fmt.render_call(c)
+            assert timed(fmt.parse_calls, rendered) == [c], (rendered, c)
+            assert fmt.is_complete(rendered)
     assert_calls(timed(parse_any, text))
 
 
@@ -311,17 +322,46 @@ def test_sidecar_wave_never_raises(messages, tools, direct):
     assert all(p.startswith(wave.block) for p in wave.prompts())
 
 
-@fuzz(200)
-@given(answer=ANSWERS, num_tools=st.integers(1, 5))
-def test_sidecar_parsers_raise_only_value_error(answer, num_tools):
-    def parse_index(text):
-        return sp.parse_function_index(text, num_tools)
+def _plain_json(value) -> bool:
+    """JSON that a sidecar answer may carry: finite numbers, string keys, the JSON types only."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError, RecursionError):
+        return False
 
-    for parse in (parse_index, sp.parse_argument_value, sp.parse_direct_call):
-        try:
-            timed(parse, answer)
-        except ValueError:
-            pass
+
+@fuzz(200)
+@given(answer=ANSWERS, num_tools=st.integers(1, 5), value=JSON, index=st.integers(0, 4),
+       call=CALLS, tail=st.sampled_from(["", "</s>", " junk", "\n{", "<|im_end|>"]))
+def test_sidecar_parsers_raise_only_value_error(answer, num_tools, value, index, call, tail):
+    # any answer: a ValueError, or a value of the documented type and range
+    try:
+        got = timed(sp.parse_function_index, answer, num_tools)
+    except ValueError:
+        pass
+    else:
+        assert type(got) is int and 0 <= got < num_tools, (answer, got)
+    try:
+        got = timed(sp.parse_argument_value, answer)
+    except ValueError:
+        pass
+    else:
+        assert _plain_json(got), (answer, got)
+    try:
+        got = timed(sp.parse_direct_call, answer)
+    except ValueError:
+        pass
+    else:
+        assert set(got) == {"name", "arguments"} and isinstance(got["name"], str)
+        assert isinstance(got["arguments"], dict) and _plain_json(got), (answer, got)
+    # a well-formed answer (then whatever the model wrote after it) parses to exactly its value
+    if index < num_tools:
+        assert timed(sp.parse_function_index, f" {index}{tail}", num_tools) == index
+    else:
+        with pytest.raises(ValueError, match="out of range"):
+            sp.parse_function_index(str(index), num_tools)
+    assert timed(sp.parse_argument_value, " " + json.dumps(value, ensure_ascii=False) + tail) == value
+    assert timed(sp.parse_direct_call, json.dumps(call, ensure_ascii=False) + tail) == call
 
 
 @fuzz(100)
@@ -404,6 +444,88 @@ def test_record_loading_names_the_line_and_never_crashes(tmp_path_factory, data)
     for _, rec in rows:
         bad = timed(R.validate_record, rec)
         assert bad is None or (bad[0] in REASONS and isinstance(bad[1], str))
+    try:
+        timed(bench.load_examples, path)
+    except ValueError as e:
+        assert str(e).startswith(f"{path}")
+
+
+HOSTILE_FIELDS = [[], "hi", 7, None, {}, [None], [[]], [{"role": "user"}], [{"role": "user", "content": 5}],
+                  [{"role": "assistant", "content": "", "tool_calls": "x"}],
+                  [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+                  [{"type": "function", "function": {"name": "f", "parameters": {
+                      "type": "object", "properties": {"s": {"$ref": "#/$defs/A"}},
+                      "$defs": {"A": {"$ref": "#/$defs/A"}}}}}],
+                  [{"type": "function", "function": {"name": "f", "parameters": {
+                      "type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}}}}}],
+                  [{"name": "f", "arguments": {"s": "a" * 30 + "!"}}], [{"name": "f", "arguments": "x"}]]
+RECORD_FIELDS = ["id", "source", "split", "tools", "messages", "calls", "meta"]
+
+
+@st.composite
+def record_shaped_lines(draw) -> list[bytes]:
+    """Records as a stage reads them, some with fields dropped, retyped or made hostile; blank lines between."""
+    lines = []
+    for n in range(draw(st.integers(1, 5))):
+        if draw(st.integers(0, 5)) == 0:
+            lines.append(draw(st.sampled_from([b"", b" ", b"{", b"[]", b'{"id": NaN}', b"\xff"])))
+            continue
+        tools, call = draw(tools_and_call())
+        messages = [{"role": "user", "content": draw(TEXT)}]
+        if draw(st.booleans()):
+            messages += [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+                         {"role": "tool", "content": draw(TEXT)}]
+        rec = R.make_record("fuzz", "train", draw(st.sampled_from([str(n), "0"])), tools, messages, [call])
+        for _ in range(draw(st.integers(0, 2))):
+            field = draw(st.sampled_from(RECORD_FIELDS))
+            how = draw(st.sampled_from(["drop", "retype", "hostile", "inner"]))
+            if how == "drop":
+                rec.pop(field, None)
+            elif how == "retype":
+                rec[field] = draw(JSON)
+            elif how == "hostile":
+                rec[field] = draw(st.sampled_from(HOSTILE_FIELDS))
+            elif isinstance(rec.get(field), list) and rec[field] and isinstance(rec[field][0], dict):
+                key = draw(st.sampled_from(sorted(rec[field][0]) + ["role", "arguments", "tool_calls"]))
+                rec[field][0][key] = draw(JSON | st.sampled_from(HOSTILE_FIELDS))
+        lines.append(json.dumps(rec, ensure_ascii=draw(st.booleans())).encode())
+    return lines
+
+
+@fuzz(60)
+@given(lines=record_shaped_lines())
+def test_record_readers_name_file_line_and_never_crash(tmp_path_factory, lines):
+    path = tmp_path_factory.mktemp("fuzz") / "records.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    read = timed(R.load_records, path, "skip")          # the one reader of every stage: never raises on skip
+    filled = [i for i, line in enumerate(lines, 1) if line.strip()]
+    assert sorted([b.line for b in read.bad]) == [b.line for b in read.bad]
+    assert len(read.rows) + len(read.bad) == len(filled)
+    for b in read.bad:
+        assert b.line in filled and b.reason in REASONS | {R.DUPLICATE_ID}
+        assert b.message().startswith(f"{path}:{b.line}: ") and "\n" not in b.message()
+    for rec in read.rows:
+        assert R.validate_record(rec) is None and rec["messages"]
+    try:
+        timed(R.load_records, path, "fail")
+    except ValueError as e:
+        assert read.bad and str(e).startswith(f"{path}:{read.bad[0].line}: "), str(e)
+    else:
+        assert not read.bad
+    # what the stages do with what the reader let through never raises
+    train, evals, _ = timed(dedupe.dedupe, dedupe.DedupeParams(eval_sets={}, train_splits=("fuzz/train",)),
+                            read.rows)
+    assert len(train) <= len(read.rows) and not evals
+    rows, skipped = timed(eval_sidecar.rows_from_records, path)
+    assert skipped >= len(read.bad) and {r["record_id"] for r in rows} <= {r["id"] for r in read.rows}
+    for rec in read.rows:
+        trace = {"id": rec["id"], "backend": "gold", "model": "gold", "format": "hermes",
+                 "text": "".join(hermes.render_call(c) for c in rec["calls"])}
+        assert normalize.trace_problem(trace) is None
+        try:
+            timed(normalize.normalize_one, rec, trace, normalize.NormalizeParams(allow_undeclared_arguments=True))
+        except normalize.Rejected as r:
+            assert r.reason in normalize.REASONS
     try:
         timed(bench.load_examples, path)
     except ValueError as e:

@@ -87,3 +87,5 @@ def test_the_full_params_set_is_the_shipped_adapters_recipe():
     assert full.max_train_requests == 0
     assert (recipe.base, recipe.lora_r) == (shipped["base"], shipped["lora_r"])
     assert yaml.safe_load((root / "adapters" / "sidecar" / "recipe.yaml").read_text())["base"] == recipe.base
+    # pipelines/full/dvc.yaml names the untrained floor and the run labels after `full.base`
+    assert yaml.safe_load((root / "pipelines" / "sidecar_full.yaml").read_text())["full"]["base"] == recipe.base

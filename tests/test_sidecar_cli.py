@@ -76,7 +76,13 @@ def test_launch_serves_the_adapter_and_stops(adapter, tmp_path):
                                                              tokenizer=byte_tokenizer())
         req.wait(120)
         st = req.stats()
-        assert st.error in (None, "no_call"), (st.error_detail, proc.log_tail())
+        # the server answers exactly what the same adapter answers in process (greedy, fp32, 6 tokens per slot)
+        in_process = Sidecar.from_adapter(adapter, threads=1, max_new_tokens=6)
+        expected, _ = in_process.predict(rec["messages"], rec["tools"])
+        if expected is None:
+            assert (st.error, st.call) == ("no_call", None), (st.error_detail, proc.log_tail())
+        else:
+            assert (st.error, st.call) == (None, expected), (st.error_detail, proc.log_tail())
         assert st.server["shared_block"] and st.server["n_forwards"] <= 6
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal (exit status -15)
     assert proc.popen.returncode in (0, -signal.SIGTERM) and health(proc.url) is None

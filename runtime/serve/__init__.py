@@ -2,5 +2,6 @@
 
 ``sidecar_app``: the sidecar's OpenAI-compatible ``/v1/completions`` server (``ooospec sidecar serve``).
 ``chat_app``: the target's OpenAI-compatible ``/v1/chat/completions`` server with tools (``ooospec serve``).
-``http``: what both share (OpenAI-style errors, the bounded body read, the loopback check).
+``admission``: what one request may cost (body, lists, wave work, queue), checked before it runs; disconnects.
+``http``: what both share (OpenAI-style errors, the loopback check, the uvicorn server config).
 """

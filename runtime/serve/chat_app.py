@@ -19,13 +19,15 @@ A request takes ``messages`` (system / user / assistant with ``tool_calls`` / to
 Streaming (SSE, ``chat.completion.chunk``): a first chunk with the role, then -- when no tools are shown -- the
 text as it is decoded; with tools, the content or the ``tool_calls`` once the turn is complete (a call is only
 known when it parses); a last chunk with ``finish_reason``, a usage chunk when asked, then ``data: [DONE]``.
-A client that goes away ends its generation at the next token.
+A client that goes away ends its generation at the next token, streamed or not; so does a shutdown once its
+grace period (``shutdown_grace_s``) is over.
 
 Sessions: requests are stateless as in OpenAI's API, and the server finds the conversation they continue by
 token prefix (:class:`~ooospec.runtime.session.SessionStore`): the next turn of a tool conversation prefills
 only the new tokens; a new conversation with known system + tools starts from the prefix cache.
 
-Limits (:class:`Limits`, all answered with 4xx and an OpenAI-style ``{"error": {...}}`` body): body size (413),
+Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` before any decoding, all answered with
+4xx and an OpenAI-style ``{"error": {...}}`` body): body size (413) and the time it may take to arrive (408),
 messages, tools, prompt tokens, ``max_tokens`` (400), unknown model (404), waiting requests (429). One
 generation runs at a time (the model is not shared between threads); ``/health`` answers meanwhile.
 """
@@ -47,7 +49,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.chat import ChatModel, ChatTurn, PreparedTurn
-from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
+from ooospec.runtime.serve.admission import admitted, read_request, watched
+from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +68,15 @@ class Limits:
     max_tokens: int = 2048              # 400: the request's max_tokens / max_completion_tokens
     default_max_tokens: int = 512       # when the request names none
     max_waiting: int = 8                # 429: requests queued behind the running generation
+    body_timeout_s: float = 30.0        # 408: the whole body must arrive within this
+    keep_alive_s: float = 5.0           # a connection with no request for this long is closed
+    shutdown_grace_s: float = 3.0       # SIGTERM: running turns get this long, then stop at their next token
 
 
 class ChatCompletionRequest(BaseModel):
     """The subset of OpenAI's chat completions request this server honours; other fields are ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     messages: list[Any]
     model: str | None = None
@@ -87,7 +93,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 class GenerationCancelled(Exception):
-    """The streaming client went away; raised from the token callback to end its generation."""
+    """The client went away (or the server is shutting down); raised from the token callback to end generation."""
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -99,7 +105,9 @@ def check_request(req: ChatCompletionRequest, served: str, limits: Limits) -> in
         raise RequestError(404, f"The model `{req.model}` does not exist (served: {served!r}).", "model")
     if req.n != 1 or req.logprobs:
         raise RequestError(400, "n > 1 and logprobs are not supported: this server returns one greedy completion")
-    if req.temperature is not None and req.temperature > 0:
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise RequestError(400, f"temperature={req.temperature} outside [0, 2]", "temperature")
+    if req.temperature:
         raise RequestError(400, f"temperature={req.temperature}: this server decodes greedily (exactly) only; "
                                 "send 0 or leave it out", "temperature")
     if req.stop:
@@ -162,8 +170,9 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "ooospec"}]}
 
-    async def run_turn(prepared: PreparedTurn, max_tokens: int, on_tokens=None) -> tuple[ChatTurn, float]:
-        """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread."""
+    async def run_turn(prepared: PreparedTurn, max_tokens: int, on_tokens) -> tuple[ChatTurn, float]:
+        """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread; ``on_tokens`` runs after every
+        committed token (raising :class:`GenerationCancelled` there ends the turn)."""
         t_queued = time.perf_counter()
         async with admitted(state, worker, limits.max_waiting):
             queue_s = time.perf_counter() - t_queued
@@ -172,7 +181,10 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
         return turn, queue_s
 
     async def parse(request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:
-        req = await read_request(request, ChatCompletionRequest, limits.max_body_bytes)
+        req = await read_request(request, ChatCompletionRequest, max_bytes=limits.max_body_bytes,
+                                 timeout_s=limits.body_timeout_s,
+                                 # stop is refused below; the lists are bounded before pydantic sees them
+                                 max_items={"messages": limits.max_messages, "tools": limits.max_tools, "stop": 4})
         max_tokens = check_request(req, model_name, limits)
         try:
             prepared = chat.prepare(req.messages, req.tools or [], req.tool_choice or "auto",
@@ -184,15 +196,19 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
     @app.post("/v1/chat/completions")
     async def completions(request: Request):
         t_arrival = time.perf_counter()
-        try:
-            req, prepared, max_tokens = await parse(request)
-            if req.stream:
-                if state["waiting"] >= limits.max_waiting:     # refuse before the stream opens
-                    raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
-                return StreamingResponse(stream(req, prepared, max_tokens), media_type="text/event-stream")
-            turn, queue_s = await run_turn(prepared, max_tokens)
-        except RequestError as e:
-            return error_response(e.status, e.message, e.param)
+        req, prepared, max_tokens = await parse(request)
+        if req.stream:
+            if state["waiting"] >= limits.max_waiting:     # refuse before the stream opens
+                raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
+            return StreamingResponse(stream(req, prepared, max_tokens), media_type="text/event-stream")
+
+        async def turn_until_gone(stop) -> tuple[ChatTurn, float]:
+            def on_tokens(generated: Sequence[int]) -> None:
+                if stop.is_set():
+                    raise GenerationCancelled
+            return await run_turn(prepared, max_tokens, on_tokens)
+
+        turn, queue_s = await watched(request, turn_until_gone)
         message, finish = assistant_message(turn)
         logger.info("chat turn: %d prompt tokens (%d cached, %s), %d new, %.2f s", turn.prompt_tokens,
                     turn.cached_tokens, turn.origin, turn.completion_tokens, time.perf_counter() - t_arrival)
@@ -257,11 +273,7 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
         finally:
             gone = True                    # a closed stream (client gone) ends the generation at its next token
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        logger.exception("request failed")
-        return error_response(500, f"internal error: {type(exc).__name__}")
-
+    add_error_handlers(app)
     return app
 
 
@@ -275,4 +287,5 @@ def serve(chat: ChatModel, *, model_name: str, host: str = "127.0.0.1", port: in
                        "unless the network is yours", host)
     app = create_app(chat, model_name=model_name, limits=limits)
     logger.info("chat server for %s (method %s) on http://%s:%d/v1", model_name, chat.method, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,
+                                 grace_s=limits.shutdown_grace_s)).run()

@@ -1,21 +1,24 @@
-"""What the HTTP servers share: OpenAI-style error answers, a bounded body read, the loopback check.
+"""What the HTTP servers share: OpenAI-style error answers, the loopback check, the uvicorn server they run on.
 
-    raise RequestError(400, "max_tokens=0 outside [1, 512]", "max_tokens")   # -> error_response(400, ...)
+    raise RequestError(400, "max_tokens=0 outside [1, 512]", "max_tokens")   # -> refuse(e): the 400 answer
+    uvicorn.Server(server_config(app, host="127.0.0.1", port=8000, keep_alive_s=5, grace_s=3)).run()
+
+What one request may cost (body, lists, work, queue, disconnects) is :mod:`ooospec.runtime.serve.admission`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+import logging
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-M = TypeVar("M", bound=BaseModel)
+logger = logging.getLogger(__name__)
+
+ABORTED = (408, 499)      # the client was too slow or went away: logged in one line, the answer is best effort
 
 
 class RequestError(Exception):
@@ -33,37 +36,25 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
                         status_code=status)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) more than ``limit`` bytes whether or not Content-Length says so."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise RequestError(400, f"bad Content-Length {length[:20]!r}")
-        if int(length) > limit:
-            raise RequestError(413, f"request body of {int(length)} bytes is over the limit of {limit}")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise RequestError(413, f"request body over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def refuse(request: Request, e: RequestError) -> JSONResponse:
+    """The answer to a refused request; an aborted one (408 / 499) also gets one log line, never a traceback."""
+    if e.status in ABORTED:
+        logger.info("aborted %s %s (%d): %s", request.method, request.url.path, e.status, e.message)
+    return error_response(e.status, e.message, e.param)
 
 
-async def read_request(request: Request, model: type[M], limit: int) -> M:
-    """The body read within ``limit`` bytes, parsed as JSON and validated as ``model``; a bad one is a 400 that
-    names the first offending field."""
-    body = await read_body(request, limit)
-    try:
-        raw: Any = json.loads(body)
-    except (ValueError, RecursionError):
-        raise RequestError(400, "request body is not valid JSON") from None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise RequestError(400, f"invalid request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
-                           str(first["loc"][0]) if first["loc"] else None) from None
+def add_error_handlers(app: FastAPI) -> None:
+    """Every failure answers in OpenAI's error shape: RequestError with its status, anything else with a JSON 500
+    (logged with its traceback: that one is a bug)."""
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError):
+        return refuse(request, exc)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        logger.exception("request failed")
+        return error_response(500, f"internal error: {type(exc).__name__}")
 
 
 def is_loopback(host: str) -> bool:
@@ -76,26 +67,53 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-@asynccontextmanager
-async def admitted(state: dict, worker: Any, max_waiting: int) -> AsyncIterator[None]:
-    """Hold the server's one ``worker`` lock for a request: 429 when ``max_waiting`` requests already wait.
+class IdleTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that sends no complete request head within
+    ``timeout_keep_alive`` seconds -- of opening, or of its last response (uvicorn alone times out only an idle
+    keep-alive connection, and stops counting at its first byte). The body has its own deadline
+    (:func:`~ooospec.runtime.serve.admission.read_body`)."""
 
-    ``state["waiting"]`` / ``state["running"]`` count the queue for ``/health``; a request cancelled while it waits
-    (the client went away) leaves the count right.
-    """
-    if state["waiting"] >= max_waiting:
-        raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
-    state["waiting"] += 1
-    queued = True
-    try:
-        async with worker:
-            state["waiting"] -= 1
-            queued = False
-            state["running"] += 1
-            try:
-                yield
-            finally:
-                state["running"] -= 1
-    finally:
-        if queued:
-            state["waiting"] -= 1
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_head_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle and self._head_deadline is not None:    # a request head arrived
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        self._head_deadline = self.loop.call_later(self.timeout_keep_alive, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._head_deadline = None
+        if not self.transport.is_closing():
+            logger.info("closed a connection that sent no request within %s s", self.timeout_keep_alive)
+            self.transport.close()
+
+
+def server_config(app: FastAPI, *, host: str, port: int, keep_alive_s: float, grace_s: float):
+    """The uvicorn config both servers run with: idle connections closed after ``keep_alive_s``, and on SIGTERM /
+    SIGINT running requests get ``grace_s`` seconds before they are cancelled (their work stops at its next
+    forward, see :func:`~ooospec.runtime.serve.admission.watched`)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, http=IdleTimeoutH11, log_level="warning", access_log=False,
+                          timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=grace_s)

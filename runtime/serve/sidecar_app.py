@@ -34,18 +34,20 @@ tokenizers trained in the test. The GPU deployment of the paper serves the same 
 (:mod:`ooospec.runtime.sidecar_client`) sends ``temperature: 0`` and ``add_special_tokens: false`` so that both
 servers see the prompts as training did.
 
-Limits (:class:`Limits`, all answered with 4xx and an OpenAI-style ``{"error": {...}}`` body): request body size
-(413), prompt count, prompt length in tokens, ``max_tokens`` (400), waiting requests (429). Unsupported sampling
-options (``temperature > 0``, ``n > 1``, ``stream``, ``echo``, ``logprobs``) are refused with 400: this server
-decodes greedily only. One wave runs at a time (the model is not shared between threads); ``/health`` answers
-while a wave runs.
+Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` before any forward, all answered with
+4xx and an OpenAI-style ``{"error": {...}}`` body): request body size (413) and the time it may take to arrive
+(408), prompt count, prompt length in tokens, the wave's prompt and query tokens, ``max_tokens`` and ``max_tokens``
+x prompts, the logits one forward holds (400), waiting requests (429). Unsupported sampling options
+(``temperature > 0``, ``n > 1``, ``stream``, ``echo``, ``logprobs``) are refused with 400: this server decodes
+greedily only. One wave runs at a time (the model is not shared between threads); ``/health`` answers while a
+wave runs. A wave stops at its next forward when its client disconnects, or when a shutdown's grace period
+(``shutdown_grace_s``) is over.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,7 +58,8 @@ import torch
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime.serve.http import RequestError, admitted, error_response, is_loopback, read_request
+from ooospec.runtime.serve.admission import admitted, at_most, read_request, watched
+from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
@@ -71,15 +74,23 @@ class Limits:
 
     max_body_bytes: int = 16 << 20      # 413 (a wave repeats its block in every prompt: 40 x 20 KB = 0.8 MB)
     max_prompts: int = 1024             # 400
+    max_stops: int = 16                 # 400, stop strings
     max_prompt_tokens: int = 8192       # 400, per prompt (block + query)
+    max_wave_query_tokens: int = 4096   # 400, the query tokens (after the shared block) of all prompts together
+    max_wave_tokens: int = 65536        # 400, every token the wave prefills (each pass's block once + its queries)
+    max_forward_logits: int = 1 << 27   # 400, logits one forward keeps: nodes x vocab (512 MiB in fp32)
     max_tokens: int = 512               # 400, the request's max_tokens
+    max_wave_new_tokens: int = 32768    # 400, max_tokens x prompts
     max_waiting: int = 8                # 429, requests queued behind the running wave
+    body_timeout_s: float = 30.0        # 408, the whole body must arrive within this
+    keep_alive_s: float = 5.0           # a connection with no request for this long is closed
+    shutdown_grace_s: float = 3.0       # SIGTERM: running waves get this long, then stop at their next forward
 
 
 class CompletionRequest(BaseModel):
     """The subset of OpenAI's completions request this server honours; other fields are ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     prompt: str | list[str]
     model: str | None = None
@@ -177,6 +188,26 @@ def finish_text(text: str, tokens: Sequence[int], eos_token_ids: Sequence[int],
     return text, "stop" if tokens and tokens[-1] in eos_token_ids else "length"
 
 
+def check_wave(groups: Sequence[Group], limits: Limits, *, vocab_size: int, max_draft_nodes: int) -> None:
+    """Refuse (400) a tokenized wave whose passes would be too much work, before any forward.
+
+    A pass prefills its block, then runs all its query tokens in one forward, then one draft tree (at most
+    ``1 + max_draft_nodes`` nodes) per distinct answer per forward; each forward keeps ``nodes x vocab`` logits.
+    """
+    for g in groups:
+        for q, i in zip(g.queries, g.members):
+            if len(g.block) + len(q) > limits.max_prompt_tokens:
+                raise RequestError(400, f"prompt {i} is {len(g.block) + len(q)} tokens, over the limit "
+                                        f"{limits.max_prompt_tokens}", "prompt")
+    num_query = sum(len(q) for g in groups for q in g.queries)
+    at_most(num_query, limits.max_wave_query_tokens, "the wave's query tokens (after the shared block)", "prompt")
+    at_most(sum(len(g.block) for g in groups) + num_query, limits.max_wave_tokens, "the wave's prompt tokens",
+            "prompt")
+    nodes = max(max(sum(len(q) for q in g.queries), len(g.queries) * (1 + max_draft_nodes)) for g in groups)
+    at_most(nodes * vocab_size, limits.max_forward_logits, f"the logits of one forward ({nodes} nodes x "
+                                                           f"{vocab_size} vocab)", "prompt")
+
+
 def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop: Sequence[str] = (),
              add_special_tokens: bool = True, limits: Limits = Limits(),
              should_stop: Callable[[], bool] | None = None) -> dict:
@@ -190,11 +221,7 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
     t0 = time.perf_counter()
     groups, shared = tokenize_prompts(tok, prompts, add_special_tokens)
     t1 = time.perf_counter()
-    for g in groups:
-        for q, i in zip(g.queries, g.members):
-            if len(g.block) + len(q) > limits.max_prompt_tokens:
-                raise RequestError(400, f"prompt {i} is {len(g.block) + len(q)} tokens, over the limit "
-                                        f"{limits.max_prompt_tokens}", "prompt")
+    check_wave(groups, limits, vocab_size=sidecar.model.config.vocab_size, max_draft_nodes=sidecar.max_draft_nodes)
     eos = list(sidecar.eos_token_ids)
     out: list[list[int]] = [[] for _ in prompts]
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0,
@@ -226,7 +253,9 @@ def check_request(req: CompletionRequest, served: str, limits: Limits) -> tuple[
     if req.stream or req.echo or req.logprobs is not None or req.n != 1 or (req.best_of or 1) != 1:
         raise RequestError(400, "stream, echo, logprobs, n > 1 and best_of > 1 are not supported: this server "
                                 "returns one greedy completion per prompt")
-    if req.temperature is not None and req.temperature > 0:
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise RequestError(400, f"temperature={req.temperature} outside [0, 2]", "temperature")
+    if req.temperature:
         raise RequestError(400, f"temperature={req.temperature}: this server decodes greedily only; send 0",
                            "temperature")
     if not 1 <= req.max_tokens <= limits.max_tokens:
@@ -236,9 +265,10 @@ def check_request(req: CompletionRequest, served: str, limits: Limits) -> tuple[
         raise RequestError(400, f"{len(prompts)} prompts; send between 1 and {limits.max_prompts}", "prompt")
     if any(not p for p in prompts):
         raise RequestError(400, "empty prompt", "prompt")
+    at_most(len(prompts) * req.max_tokens, limits.max_wave_new_tokens, "max_tokens x prompts", "max_tokens")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stops) > 16:
-        raise RequestError(400, f"{len(stops)} stop strings; at most 16", "stop")
+    if len(stops) > limits.max_stops:
+        raise RequestError(400, f"{len(stops)} stop strings; at most {limits.max_stops}", "stop")
     return prompts, [s for s in stops if s]
 
 
@@ -264,44 +294,29 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     @app.post("/v1/completions")
     async def completions(request: Request):
         t_arrival = time.perf_counter()
-        try:
-            req = await read_request(request, CompletionRequest, limits.max_body_bytes)
-            prompts, stops = check_request(req, model_name, limits)
+        req = await read_request(request, CompletionRequest, max_bytes=limits.max_body_bytes,
+                                 timeout_s=limits.body_timeout_s,
+                                 max_items={"prompt": limits.max_prompts, "stop": limits.max_stops})
+        prompts, stops = check_request(req, model_name, limits)
+
+        async def wave(stop) -> tuple[dict, float]:
             async with admitted(state, worker, limits.max_waiting):
                 t_start = time.perf_counter()
-                gone = threading.Event()   # the client disconnected: stop computing its wave
-
-                async def watch() -> None:
-                    while not gone.is_set():
-                        if await request.is_disconnected():
-                            gone.set()
-                            return
-                        await anyio.sleep(0.05)
-
-                failure: Exception | None = None
                 try:
-                    async with anyio.create_task_group() as tg:   # the watcher ends once `gone` is set
-                        tg.start_soon(watch)
-                        try:
-                            result = await anyio.to_thread.run_sync(
-                                lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
-                                                 add_special_tokens=req.add_special_tokens, limits=limits,
-                                                 should_stop=gone.is_set))
-                        except Exception as e:  # noqa: BLE001 - re-raised below, outside the task group
-                            failure = e
-                        finally:
-                            gone.set()
-                    if failure is not None:
-                        raise failure
+                    return await anyio.to_thread.run_sync(
+                        lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
+                                         add_special_tokens=req.add_special_tokens, limits=limits,
+                                         should_stop=stop.is_set)), t_start
                 except WaveCancelled:
                     state["cancelled"] = state.get("cancelled", 0) + 1
                     raise RequestError(499, "the client closed the request; its wave was abandoned") from None
-        except RequestError as e:
-            return error_response(e.status, e.message, e.param)
+
+        result, t_start = await watched(request, wave)
         result["ooospec"]["queue_s"] = t_start - t_arrival
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model_name, **result}
 
+    add_error_handlers(app)
     return app
 
 
@@ -322,4 +337,5 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
     sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype)
     app = create_app(sidecar, limits=limits)
     logger.info("sidecar serving on http://%s:%d (threads=%s, cpus=%s)", host, port, threads, cpus)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,
+                                 grace_s=limits.shutdown_grace_s)).run()

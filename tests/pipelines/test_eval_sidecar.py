@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -143,3 +144,11 @@ def test_run_end_to_end_on_a_tiny_sidecar(tmp_path, rows):
     assert sum(v["requests"] for v in m["by_source"].values()) == 3
     floor = ev.run(params, rows, None, tmp_path / "base.json", base=str(base))
     assert floor["adapter"] is None and floor["requests"] == 3
+    # a forward budget stops taking requests once spent; the ones it took are the first of the seeded order
+    first = ev.select_requests(rows, 3, 0)[0]
+    bounded = ev.run(dataclasses.replace(params, max_forwards=1), rows, tmp_path / "sidecar" / "adapter",
+                     tmp_path / "bounded.json")
+    assert bounded["requests"] == 1 and bounded["requests_chosen"] == 3 and bounded["num_forwards"] >= 1
+    assert bounded["function_index"]["n"] == 1 and next(iter(bounded["by_source"])) == ev.source_of(first)
+    with pytest.raises(ValueError, match="max_forwards"):
+        ev.EvalSidecarParams(max_forwards=-1)

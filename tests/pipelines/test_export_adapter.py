@@ -151,3 +151,16 @@ def test_card_says_when_the_train_time_covers_only_the_steps_after_a_resume():
     resumed = ex._train_time({"train_seconds": 4817.98, "steps": 400, "steps_this_run": 225,
                               "resumed_from": "checkpoint-175"})
     assert resumed == "4818 (the last 225 of 400 steps; the run resumed from checkpoint-175)"
+
+
+def test_metrics_files_replace_the_metrics_dirs_by_stage(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "ingest.json").write_text('{"total": 1}')
+    (tmp_path / "m" / "eval_sidecar.json").write_text('{"requests": 24}')
+    (tmp_path / "heldout.json").write_text('{"requests": 344}')
+    got = ex.read_metrics(tmp_path / "m", {"eval_sidecar": tmp_path / "heldout.json"})
+    assert got == {"ingest": {"total": 1}, "eval_sidecar": {"requests": 344}}
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        ex.read_metrics(tmp_path / "m", {"train_sidecar": tmp_path / "nope.json"})
+    with pytest.raises(ValueError, match="unknown stage"):
+        ex.read_metrics(tmp_path / "m", {"eval": tmp_path / "heldout.json"})

@@ -48,12 +48,15 @@ def test_each_reject_reason_from_a_planted_output(tmp_path, planted):
     stats = _run(tmp_path, planted)
     rejects = {r["id"]: r for r in read_jsonl(tmp_path / "rejects.jsonl")}
     assert {i: r["reason"] for i, r in rejects.items()} == {i: why for i, (_, why) in PLANTED.items() if why}
-    assert stats["rejects_by_reason"] == {reason: 1 for reason in normalize.REASONS}
+    # uncheckable_schema needs a schema the fixture lacks: tests/pipelines/test_record_validation.py plants it
+    assert stats["rejects_by_reason"] == {reason: int(reason != normalize.UNCHECKABLE_SCHEMA)
+                                          for reason in normalize.REASONS}
     assert "days" in rejects["toolalpaca/train/OpenWeather-8"]["detail"]
     assert rejects["apibank/train-lv3/AddAgenda-1#1"]["text"].startswith("I'm sorry")
     assert stats["num_kept"] == 8 - 4 and stats["num_calls_kept"] == 5
     assert json.loads((tmp_path / "normalize.json").read_text())["by_source"]["apibank"] == {
-        "kept": 0, "unparseable": 1, "unknown_tool": 1, "schema_violation": 0, "disagrees_with_gold": 1}
+        "kept": 0, "unparseable": 1, "unknown_tool": 1, "schema_violation": 0, "uncheckable_schema": 0,
+        "disagrees_with_gold": 1}
     card = (tmp_path / "normalize.md").read_text()
     assert "**4** of 8 traces kept (5 calls)" in card and "| `schema_violation` | 1 |" in card
 

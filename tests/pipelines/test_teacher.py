@@ -168,7 +168,7 @@ TF = teacher.TeacherParams(backend="transformers", model="tiny", max_new_tokens=
 
 
 def test_transformers_backend_decodes_greedily_with_token_counts(patched_load_target, tiny_target, tmp_path):
-    _, tok = tiny_target
+    model, tok = tiny_target
     out, stats = _run(TF, tmp_path)
     assert patched_load_target == [("tiny", "auto", None)]
     rows = list(read_jsonl(out))
@@ -177,9 +177,17 @@ def test_transformers_backend_decodes_greedily_with_token_counts(patched_load_ta
     for row in rows:
         rec = by_id[row["id"]]
         prompt = fmt.render_prompt(tok, rec["messages"], rec["tools"])
-        assert row["num_prompt_tokens"] == len(tok(prompt, add_special_tokens=False)["input_ids"])
-        assert 1 <= row["num_new_tokens"] <= TF.max_new_tokens
-        assert row["format"] == "hermes" and row["model"] == "tiny" and row["finish"] in ("stop", "length")
+        ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        assert row["num_prompt_tokens"] == ids.shape[1]
+        with torch.inference_mode():   # plain HF greedy (a random model completes no call in 6 tokens)
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=TF.max_new_tokens,
+                                 do_sample=False, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+        ended_by_eos = ref[-1] == tok.eos_token_id
+        assert row["num_new_tokens"] == len(ref)
+        assert row["text"] == tok.decode(ref[:-1] if ended_by_eos else ref, skip_special_tokens=False)
+        assert row["finish"] == ("stop" if ended_by_eos or len(ref) < TF.max_new_tokens else "length")
+        assert row["format"] == "hermes" and row["model"] == "tiny"
     assert stats["new_tokens"] == sum(r["num_new_tokens"] for r in rows)
     assert stats["new_tokens_per_s"] > 0 and stats["records_per_s"] > 0
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
+from ooospec.pipelines import tracking
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.packing import IGNORE, pack_rows
 from ooospec.pipelines.recipe import load_recipe, recipe_from_dict
@@ -133,12 +134,12 @@ def test_autocast_follows_the_recipe_and_the_hardware(monkeypatch, tmp_path):
 def test_wandb_is_offline_unless_the_user_chose(monkeypatch, tmp_path):
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_PROJECT"):
         monkeypatch.delenv(var, raising=False)
-    ts.configure_wandb("wandb", tmp_path, "ooo-spec")
+    tracking.configure_wandb("wandb", tmp_path, "ooo-spec")
     import os
     assert os.environ["WANDB_MODE"] == "offline" and os.environ["WANDB_DIR"] == str(tmp_path)
     monkeypatch.delenv("WANDB_MODE")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    ts.configure_wandb("wandb", tmp_path, "ooo-spec")
+    tracking.configure_wandb("wandb", tmp_path, "ooo-spec")
     assert "WANDB_MODE" not in os.environ
 
 

@@ -18,15 +18,20 @@ HANG_S = 20.0      # a hanging stand-in answers nothing for this long (or until 
 
 
 @contextlib.contextmanager
-def running_app(app):
-    """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields the base url; stops it on exit."""
+def running_server(app, keep_alive_s: float = 5.0, grace_s: float = 3.0):
+    """Serve ``app`` on 127.0.0.1 (a free port) in a thread, configured as ``ooospec serve`` runs it
+    (:func:`~ooospec.runtime.serve.http.server_config`); yields ``(url, server, thread)``; stops it on exit."""
     import uvicorn
+
+    from ooospec.runtime.serve.http import server_config
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    config = server_config(app, host="127.0.0.1", port=port, keep_alive_s=keep_alive_s, grace_s=grace_s)
+    config.lifespan = "off"
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -34,22 +39,30 @@ def running_app(app):
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server, thread
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
 
 
+@contextlib.contextmanager
+def running_app(app, **config):
+    """:func:`running_server`, yielding only the base url."""
+    with running_server(app, **config) as (url, _, _):
+        yield url
+
+
 class StandIn:
     """A fake sidecar answering ``POST /v1/completions`` according to ``mode`` (see ``_Handler.answer``).
 
     ``answers`` maps the number of prompts to the texts a good server returns. ``received`` records
-    ``(time.perf_counter(), request JSON)`` per request.
+    ``(time.perf_counter(), request JSON)`` per request. With a ``gate``, every answer waits until the test sets
+    it (or the server stops), so a test knows the client cannot have had an answer before that.
     """
 
-    def __init__(self, mode: str, answers: list[str] | None = None):
-        self.mode, self.answers = mode, answers or []
+    def __init__(self, mode: str, answers: list[str] | None = None, gate: threading.Event | None = None):
+        self.mode, self.answers, self.gate = mode, answers or [], gate
         self.received: list[tuple[float, dict]] = []
         self.stop_event = threading.Event()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -64,6 +77,8 @@ class StandIn:
 
     def __exit__(self, *exc) -> None:
         self.stop_event.set()
+        if self.gate is not None:
+            self.gate.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
@@ -88,6 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
         st: StandIn = self.server.standin
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         st.received.append((time.perf_counter(), json.loads(body)))
+        if st.gate is not None:
+            st.gate.wait()
         self.answer(st, len(json.loads(body)["prompt"]))
 
     def _send(self, status: int, body: bytes, length: bool = True) -> None:

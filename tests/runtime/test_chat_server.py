@@ -98,7 +98,7 @@ def test_tool_choice(client):
     ({"model": "gpt-4o"}, openai.NotFoundError, "does not exist"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, openai.BadRequestError, "role"),
     ({"messages": []}, openai.BadRequestError, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}] * 17}, openai.BadRequestError, "17 messages"),
+    ({"messages": [{"role": "user", "content": "x"}] * 17}, openai.BadRequestError, "17 items, over the limit of 16"),
     ({"temperature": 0.7}, openai.BadRequestError, "greedily"),
     ({"max_tokens": 10**6}, openai.BadRequestError, "max_tokens"),
     ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),

@@ -3,11 +3,14 @@ float64 models with hints that are right, wrong, partial, early, late or never r
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 
+from ooospec.runtime import hints
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.formats import hermes, llama3_json, plain_json
 from ooospec.runtime.hints import HintBank, HintDrafter, render_views, tokenize_views
@@ -161,13 +164,26 @@ def test_hints_never_change_the_output(reference, kind, ready_at):
         assert result.n_forwards <= len(ar) // 2
 
 
+class CountingHintDrafter(HintDrafter):
+    def __init__(self, source):
+        super().__init__(source)
+        self.num_calls = 0
+
+    def propose(self, ctx):
+        self.num_calls += 1
+        return super().propose(ctx)
+
+
 @pytest.mark.parametrize("ready_at", [0, 3])
-def test_every_family_stays_exact_and_accounting_matches_the_engine(reference, family, ready_at):
+def test_every_family_stays_exact_and_accounting_matches_the_engine(reference, family, ready_at, monkeypatch):
     model, prompt, ar = reference(family)
-    drafter = HintDrafter(ReadyAt(HintBank(hint_views("partial", prompt, ar)), ready_at))
+    # the drafter's clock ticks 1 s per read, so match_s counts its propose() calls exactly (2 reads per call)
+    monkeypatch.setattr(hints, "time", SimpleNamespace(perf_counter=itertools.count().__next__))
+    drafter = CountingHintDrafter(ReadyAt(HintBank(hint_views("partial", prompt, ar)), ready_at))
     result = make_engine(model, [drafter]).generate(prompt, N_NEW)   # the hints are the only drafter
     assert result.tokens == ar
     stats = drafter.stats(result)
     assert stats.num_accepted_tokens == sum(min(s.accepted, s.new_tokens) for s in result.steps) > 0
-    assert stats.ready_step == ready_at and stats.match_s >= 0
+    assert stats.ready_step == ready_at and stats.num_polls == ready_at + 1
+    assert stats.match_s == drafter.num_calls > ready_at
     assert stats.to_dict()["used"] is True

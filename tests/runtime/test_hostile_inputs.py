@@ -69,22 +69,41 @@ def test_boolean_and_false_sub_schemas():
     assert grammar.next_pieces(parse_state(head + '"n": ')) == []                # free number: no draft
 
 
-@pytest.mark.parametrize("tools", [
-    [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "required": None, "properties": None}}}],
-    [{"type": "function", "function": {"name": "f", "parameters": {"properties": [1, 2], "required": "a"}}}],
-    [T("f", {"a": {"enum": None}, "b": {"type": None}, "c": {"anyOf": "x"}})],
-    [{"type": "function", "function": {"name": "f", "parameters": "string"}}],
-    ["not a tool", None, 3, {"function": "f"}, {"name": 5}, {"type": "function", "function": {"name": ""}},
-     WEATHER],
-    {"not": "a list"},
-    None,
+PREFIXES = ["", '{"name": "', '{"name": "f", "arguments": {', '{"name": "f", "arguments": {"a": ']
+# f with unusable parameters is kept as a tool with no arguments: its whole call is certain, up to ``{}``
+F_NO_ARGS = [['<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', '{"name": "f", "arguments": {}}',
+              '```json\n{\n  "name": "f",\n  "arguments": {}\n}\n```'],
+             ['f", "arguments": {}}'], ["}}"], []]
+# no usable tool at all: only the call's opening is drafted, never a name
+NO_TOOLS = [['<tool_call>\n{"name": "', '{"name": "', '```json\n{\n  "name": "'], [], [], []]
+
+
+@pytest.mark.parametrize("tools, expected", [
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "required": None, "properties": None}}}], F_NO_ARGS),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"properties": [1, 2], "required": "a"}}}],
+     F_NO_ARGS),
+    ([T("f", {"a": {"enum": None}, "b": {"type": None}, "c": {"anyOf": "x"}})],      # keys kept, values free
+     [['<tool_call>\n{"name": "f", "arguments": {"a": ', '<tool_call>\n{"name": "f", "arguments": {"b": ',
+       '<tool_call>\n{"name": "f", "arguments": {"c": ', '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+       '{"name": "f", "arguments": {"a": ', '```json\n{\n  "name": "f",\n  "arguments": {\n    "a": '],
+      ['f", "arguments": {"a": ', 'f", "arguments": {"b": ', 'f", "arguments": {"c": ', 'f", "arguments": {}}'],
+      ['"a": ', '"b": ', '"c": ', "}}"], []]),
+    ([{"type": "function", "function": {"name": "f", "parameters": "string"}}], F_NO_ARGS),
+    (["not a tool", None, 3, {"function": "f"}, {"name": 5}, {"type": "function", "function": {"name": ""}},
+      WEATHER],                                                                 # only get_weather survives
+     [['<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
+       '{"name": "get_weather", "arguments": {"city": "',
+       '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "'],
+      ['get_weather", "arguments": {"city": "'], [], []]),                      # "f" is no tool: no drafts
+    ({"not": "a list"}, NO_TOOLS),
+    (None, NO_TOOLS),
 ], ids=["null-keywords", "list-properties", "null-enum-type", "string-parameters", "junk-tools", "dict",
         "none"])
-def test_malformed_schemas_never_raise_from_the_constructor(tools):
+def test_malformed_schemas_draft_only_the_usable_tools(tools, expected):
+    """The constructor never raises; unusable tools and keywords are dropped, and what is left is drafted exactly."""
     drafter = SchemaFSMDrafter(toy_bpe(), hermes, tools)
-    for text in ["", '{"name": "', '{"name": "f", "arguments": {', '{"name": "f", "arguments": {"a": ']:
-        assert isinstance(drafter.propose_text(text), list)
+    assert [drafter.propose_text(text) for text in PREFIXES] == expected
 
 
 def test_ref_into_the_tools_own_defs():
@@ -176,7 +195,7 @@ def test_deep_nesting_is_not_a_recursion_error():
 def test_deep_record_line_names_file_and_line(tmp_path):
     path = tmp_path / "deep.jsonl"
     path.write_text(json.dumps(record()) + "\n" + '{"id": ' + "[" * 100_000 + "\n")
-    with pytest.raises(ValueError, match=r"deep\.jsonl:2: JSON nests too deep"):
+    with pytest.raises(ValueError, match=r"deep\.jsonl:2: malformed_record: JSON nests too deep"):
         bench.load_examples(path)
     deep_args = record(args={"city": "Paris", "x": json.loads("[" * 200 + "]" * 200)})
     assert R.validate_record(deep_args) == (
@@ -231,17 +250,17 @@ def test_line_numbers_count_blank_lines(tmp_path):
     path = tmp_path / "r.jsonl"
     bad = record("toy/test/b", calls=[R.call("nope", {})])
     write_lines(path, [json.dumps(record()), "", "", "  ", "", json.dumps(bad)])
-    with pytest.raises(ValueError, match=r"r\.jsonl:6: record 'toy/test/b' .*call_unknown_tool"):
+    with pytest.raises(ValueError, match=r"r\.jsonl:6: record 'toy/test/b': call_unknown_tool: calls\[0\]: call 'nope' not in tools"):
         bench.load_examples(path)
 
 
 @pytest.mark.parametrize("line,message", [
-    ("[1, 2]", r":2: expected a JSON object per line, got a list"),
-    ("3", r":2: expected a JSON object per line, got a number"),
-    ('"text"', r":2: expected a JSON object per line, got a string"),
-    (b'{"id": "\xff\xfe"}', r":2: not UTF-8 \(bytes b'\\xff\\xfe\"}' at column 9\)"),
-    ('{"id": NaN}', r":2: not valid JSON \(NaN is not a JSON value\)"),
-    ('{"id": ', r":2: not valid JSON \(Expecting value, column 8\)"),
+    ("[1, 2]", r":2: malformed_record: expected a JSON object per line, got a list"),
+    ("3", r":2: malformed_record: expected a JSON object per line, got a number"),
+    ('"text"', r":2: malformed_record: expected a JSON object per line, got a string"),
+    (b'{"id": "\xff\xfe"}', r":2: malformed_record: not UTF-8 \(bytes b'\\xff\\xfe\"}' at column 9\)"),
+    ('{"id": NaN}', r":2: malformed_record: not valid JSON \(NaN is not a JSON value\)"),
+    ('{"id": ', r":2: malformed_record: not valid JSON \(Expecting value, column 8\)"),
 ])
 def test_bad_lines_raise_value_error_with_file_and_line(tmp_path, line, message):
     path = tmp_path / "r.jsonl"
@@ -270,7 +289,7 @@ def test_wrong_typed_fields_are_named(tmp_path, field, value, detail):
 def test_mixed_id_types_do_not_crash_the_sort(tmp_path):
     path = tmp_path / "r.jsonl"
     write_lines(path, [json.dumps(record("toy/test/a")), json.dumps(record(1))])
-    with pytest.raises(ValueError, match=r"r\.jsonl:2: record 1 is not usable .*id: expected a non-empty"):
+    with pytest.raises(ValueError, match=r"r\.jsonl:2: malformed_record: id: expected a non-empty string, got a number"):
         bench.load_examples(path)
 
 

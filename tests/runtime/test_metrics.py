@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ooospec.pipelines.sources import bfcl
 from ooospec.runtime import metrics as M
 
 EVAL = Path(__file__).resolve().parents[2] / "data" / "dedupe" / "eval"
@@ -109,20 +110,39 @@ def test_call_accuracy_rates():
         M.call_accuracy([])
 
 
-@pytest.mark.skipif(not (EVAL / "bfcl-simple-python.jsonl").is_file(), reason="benchmarks not built (dvc repro dedupe)")
-@pytest.mark.parametrize("name", ["bfcl-simple-python", "bfcl-javascript", "bfcl-java"])
-def test_every_bfcl_gold_call_is_right(name):
-    for line in (EVAL / f"{name}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+BFCL_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bfcl"
+BFCL_SPLITS = {"bfcl-simple-python": "simple-python", "bfcl-javascript": "simple-javascript", "bfcl-java": "simple-java"}
+SOURCES = ["fixtures", pytest.param("data", marks=pytest.mark.integration)]
+
+
+def bfcl_records(source: str, name: str) -> list[dict]:
+    """The eval set ``name``: parsed here from the BFCL excerpts in tests/fixtures/bfcl (runs in CI), or as the
+    dedupe stage built it in data/dedupe/eval (the full set: ``dvc repro dedupe``, then
+    ``.venv/bin/python -m pytest -m integration tests/runtime/test_metrics.py``)."""
+    if source == "fixtures":
+        return [r for r in bfcl.parse(BFCL_FIXTURES) if isinstance(r, dict) and r["split"] == BFCL_SPLITS[name]]
+    path = EVAL / f"{name}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not built (dvc repro dedupe)")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", sorted(BFCL_SPLITS))
+def test_every_bfcl_gold_call_is_right(source, name):
+    records = bfcl_records(source, name)
+    assert records
+    for rec in records:
         assert M.score_call(rec["calls"], rec["calls"], rec["meta"]["allowed"])["call"], rec["id"]
 
 
-@pytest.mark.skipif(not (EVAL / "bfcl-simple-python.jsonl").is_file(), reason="benchmarks not built (dvc repro dedupe)")
-def test_bfcl_allowed_values_alone_accept_python_and_javascript_gold():
+@pytest.mark.parametrize("source", SOURCES)
+def test_bfcl_allowed_values_alone_accept_python_and_javascript_gold(source):
     """Scored by the allowed values alone (not by equality with gold), BFCL's own gold answers all pass."""
     for name in ("bfcl-simple-python", "bfcl-javascript"):
-        for line in (EVAL / f"{name}.jsonl").read_text().splitlines():
-            rec = json.loads(line)
+        records = bfcl_records(source, name)
+        assert records
+        for rec in records:
             gold = rec["calls"][0]
             decoy = [{"name": gold["name"], "arguments": {"__never__": 0}}]   # equality with gold cannot help
             assert M.score_call([gold], decoy, rec["meta"]["allowed"])["call"], rec["id"]

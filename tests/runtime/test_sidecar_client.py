@@ -5,6 +5,7 @@ only the hints: the engine's output equals AR and generate() never waits. Plus t
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import pytest
@@ -41,12 +42,11 @@ def target():
 
 
 def run_target(target, req):
-    """Decode with [hints(req), PLD] while the wave is in flight; returns (tokens, seconds, drafter)."""
+    """Decode with [hints(req), PLD] while the wave is in flight; returns (tokens, drafter)."""
     model, _, prompt, _ = target
     drafter = HintDrafter(req)
-    t0 = time.perf_counter()
     result = make_engine(model, [drafter, PromptLookupDrafter()]).generate(prompt, N_NEW)
-    return result.tokens, time.perf_counter() - t0, drafter
+    return result.tokens, drafter
 
 
 def test_wave_is_one_request_sent_after_arrival(target):
@@ -74,11 +74,10 @@ def test_wave_is_one_request_sent_after_arrival(target):
 
 def test_submit_returns_at_once_and_poll_never_blocks(target):
     _, tok, _, _ = target
-    with StandIn("hanging", GOOD) as server:
-        t0 = time.perf_counter()
+    gate = threading.Event()
+    with StandIn("good", GOOD, gate=gate) as server:   # answers only once the gate opens
         req = SidecarClient(server.url).submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
-        assert req.poll() is None
-        assert time.perf_counter() - t0 < 0.5
+        assert req.poll() is None and not req.done     # submit did not wait for the answer
         req.cancel()
         assert req.wait(5) is None and req.done
     assert req.stats().error == "cancelled"
@@ -108,24 +107,30 @@ FAULTS = [
                               "close", "invalid_json", "wrong_count", "http_500", "megabytes", "megabytes_nolength"])
 def test_faults_cost_only_the_hints(target, mode, answers, kw, error, call):
     _, tok, _, ar = target
-    with StandIn(mode, answers) as server:
+    gate = threading.Event()                           # the stand-in answers only after the target has finished
+    with StandIn(mode, answers, gate=gate) as server:
         req = SidecarClient(server.url, **kw).submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
-        tokens, seconds, drafter = run_target(target, req)
+        tokens, drafter = run_target(target, req)
         assert tokens == ar
-        assert seconds < HANG_S / 4                    # never waited for the sidecar
-        req.wait(10)
+        assert drafter.stats().ready_step is None and drafter.stats().num_polls >= 1
+        if error != "timeout":                         # the client's own deadline is the only early end of a wave:
+            assert not req.done                        # the target finished without waiting for the sidecar
+        gate.set()
+        req.wait(60)
         req.cancel()
     st = req.stats()
     assert req.done and st.error == error, st.error_detail
     assert st.call == call
     assert (req.poll() is not None) == (error is None)
-    assert drafter.stats().num_polls >= 1
+    if error is None:                                  # the same bank, ready from the first step: still AR
+        tokens, drafter = run_target(target, req)
+        assert tokens == ar and drafter.stats().ready_step == 0 and drafter.stats().num_views > 0
 
 
 def test_sidecar_down(target):
     _, tok, _, ar = target
     req = SidecarClient(f"http://127.0.0.1:{free_port()}").submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
-    tokens, _, _ = run_target(target, req)
+    tokens, _ = run_target(target, req)
     assert tokens == ar
     assert req.wait(10) is None and req.stats().error == "connect"
 
@@ -134,8 +139,8 @@ def test_the_engine_finishes_long_before_a_hanging_sidecar(target):
     _, tok, _, ar = target
     with StandIn("hanging", GOOD) as server:
         req = SidecarClient(server.url, timeout=HANG_S * 2).submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
-        tokens, seconds, drafter = run_target(target, req)
-        assert tokens == ar and seconds < HANG_S / 4 and not req.done
+        tokens, drafter = run_target(target, req)
+        assert tokens == ar and not req.done           # finished while the stand-in still hangs (for HANG_S)
         assert drafter.stats().ready_step is None
         req.cancel()
         assert req.wait(5) is None

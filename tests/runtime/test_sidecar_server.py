@@ -23,7 +23,7 @@ from ooospec.runtime.serve.sidecar_app import (
     split_shared_block,
     tokenize_prompts,
 )
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar import Sidecar, join_answers
 from ooospec.runtime.sidecar_client import SidecarClient
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
@@ -205,7 +205,7 @@ def test_stop_strings_cut_the_text(server):
     ({"max_tokens": 4}, 400, "prompt"),
     ({"prompt": [1, 2, 3]}, 400, "prompt"),
     ({"prompt": []}, 400, "between 1 and"),
-    ({"prompt": ["a\nb"] * 65}, 400, "between 1 and 64"),
+    ({"prompt": ["a\nb"] * 65}, 400, "65 items, over the limit of 64"),
     ({"prompt": [""]}, 400, "empty prompt"),
     ({"prompt": "x\ny", "max_tokens": 17}, 400, "max_tokens"),
     ({"prompt": "x\ny", "temperature": 0.7}, 400, "greedily"),
@@ -235,13 +235,23 @@ def test_health_and_models(server):
 
 
 def test_the_client_speaks_to_the_server(server):
-    url, _, tok = server
+    url, model, tok = server
     rec = RECORDS[1]
-    req = SidecarClient(url, max_tokens=8).submit(rec["messages"], rec["tools"], fmt=hermes, tokenizer=tok)
+    client = SidecarClient(url, max_tokens=8)
+    req = client.submit(rec["messages"], rec["tools"], fmt=hermes, tokenizer=tok)
     req.wait(60)
     st = req.stats()
-    assert req.done and st.error in (None, "no_call"), st.error_detail     # a random model: any answer
-    assert st.server["shared_block"] and st.server["n_forwards"] <= 8 and st.server["queue_s"] >= 0
+    # the expected outcome: greedy decoding of each of the wave's prompts alone, joined as the client joins them
+    wave = sp.build_wave(rec["messages"], rec["tools"], (), client.with_direct_call)
+    answers = [greedy_alone(model, tok, p, 8)[0] for p in wave.prompts()]
+    expected = join_answers(rec["tools"], wave, answers)
+    assert req.done and st.payload_bytes == sum(len(a.encode()) for a in answers)
+    if expected is None:
+        assert (st.error, st.call) == ("no_call", None), st.error_detail
+    else:
+        assert (st.error, st.call) == (None, {"name": expected["name"], "arguments": expected["arguments"]})
+    assert st.server["shared_block"] and st.server["n_forwards"] <= 8
+    assert 0 <= st.server["queue_s"] <= st.wave_s     # the server's queue wait is inside the client's wave
     assert st.n_queries == len(sp.build_wave(rec["messages"], rec["tools"]).queries)
 
 

@@ -18,18 +18,47 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "pattern": "
 class Counter:
     """A tool implementation that counts its runs."""
 
-    def __init__(self, result=None, sleep_s: float = 0.0, error: Exception | None = None):
+    def __init__(self, result=None, error: Exception | None = None):
         self.calls: list[dict] = []
-        self.result, self.sleep_s, self.error = result, sleep_s, error
+        self.result, self.error = result, error
         self.lock = threading.Lock()
 
     def __call__(self, args: dict):
         with self.lock:
             self.calls.append(args)
-        time.sleep(self.sleep_s)
         if self.error is not None:
             raise self.error
         return self.result if self.result is not None else {"n": len(self.calls)}
+
+
+class FakeClock:
+    """A clock that moves only when it is advanced (by the test, or by a tool standing for its run time)."""
+
+    def __init__(self, now: float = 10.0):
+        self.now = now
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self.lock:
+            self.now += seconds
+
+
+class TimedTool(Counter):
+    """A tool whose run takes ``run_s`` on a :class:`FakeClock`; ``ran`` is set when its latest run is over."""
+
+    def __init__(self, clock: FakeClock, run_s: float):
+        super().__init__()
+        self.clock, self.run_s = clock, run_s
+        self.ran = threading.Event()
+
+    def __call__(self, args: dict):
+        out = super().__call__(args)
+        self.clock.advance(self.run_s)
+        self.ran.set()
+        return out
 
 
 def test_arguments_are_validated_before_any_run():
@@ -47,15 +76,21 @@ def test_arguments_are_validated_before_any_run():
 
 
 def test_exceptions_and_timeouts_become_error_results():
+    release = threading.Event()
     reg = ToolRegistry()
     reg.register("boom", Counter(error=RuntimeError("disk on fire")))
-    reg.register("slow", Counter(sleep_s=1.0), timeout_s=0.1)
+    reg.register("stuck", lambda a: release.wait(60), timeout_s=0.1)   # runs until the test releases it
     reg.register("text", lambda a: "plain text")
     boom = reg.run({"name": "boom", "arguments": {}})
     assert (boom.ok, boom.error) == (False, "exception") and "disk on fire" in boom.content
-    t0 = time.perf_counter()
-    slow = reg.run({"name": "slow", "arguments": {}})
-    assert slow.error == "timeout" and time.perf_counter() - t0 < 0.8
+    try:
+        t0 = time.perf_counter()
+        stuck = reg.run({"name": "stuck", "arguments": {}})
+        waited = time.perf_counter() - t0
+    finally:
+        release.set()
+    assert (stuck.ok, stuck.error, stuck.elapsed_s) == (False, "timeout", 0.1)
+    assert waited < 30                   # gave up after its 0.1 s; the run itself would have taken 60 s
     assert reg.run({"name": "text", "arguments": {}}).content == "plain text"
     with pytest.raises(ValueError, match="http"):
         reg.register("bad", "ftp://example.com/x")
@@ -95,18 +130,36 @@ def test_http_tools_post_the_arguments():
     assert reg.run({"name": "down", "arguments": {}}).error == "http"
 
 
+def test_the_timeout_counts_from_the_runs_start():
+    clock, release = FakeClock(), threading.Event()
+    reg = ToolRegistry(clock=clock)
+    reg.register("stuck", lambda a: release.wait(60), timeout_s=30.0)
+    run = reg.start({"name": "stuck", "arguments": {}})
+    clock.advance(30.0)                  # the caller was busy for the whole timeout: nothing is left to wait
+    try:
+        t0 = time.perf_counter()
+        res = reg.finish(run)
+        waited = time.perf_counter() - t0
+    finally:
+        release.set()
+    assert (res.error, res.elapsed_s) == ("timeout", 30.0)
+    assert waited < 15                   # not another 30 s from the call to finish()
+
+
 def test_a_hit_serves_the_speculative_run_under_the_canonical_key():
-    impl = Counter(sleep_s=0.3)
-    reg = ToolRegistry()
+    clock = FakeClock()
+    impl = TimedTool(clock, run_s=0.5)
+    reg = ToolRegistry(clock=clock)
     reg.register("weather", impl, parameters=CITY, side_effect_free=True)
     spec = SpeculativeTools(reg)
     assert spec.speculate({"name": "weather", "arguments": {"days": 2.0, "city": "Paris"}})
-    time.sleep(0.35)
+    assert impl.ran.wait(30)             # the guess's run is over before the target's call is complete
     res = spec.resolve({"name": "weather", "arguments": {"city": "Paris", "days": 2}})   # other order, int
-    assert res.hit and res.result.content == '{"n": 1}' and res.wait_s < 0.2 and len(impl.calls) == 1
+    assert res.hit and res.result.content == '{"n": 1}' and len(impl.calls) == 1
+    assert (res.result.elapsed_s, res.wait_s) == (0.5, 0.0)      # the whole run was hidden
     miss = spec.resolve({"name": "weather", "arguments": {"city": "Rome"}})
-    assert not miss.hit and len(impl.calls) == 2
-    assert spec.stats.hits == 1 and spec.stats.misses == 1 and spec.stats.saved_s > 0.1
+    assert not miss.hit and (miss.result.elapsed_s, miss.wait_s) == (0.5, 0.5) and len(impl.calls) == 2
+    assert spec.stats.hits == 1 and spec.stats.misses == 1 and spec.stats.saved_s == 0.5
     assert not spec.speculate({"name": "weather", "arguments": {"city": "rome"}})    # invalid: never runs
     assert spec.stats.refused_invalid == 1 and len(impl.calls) == 2
 

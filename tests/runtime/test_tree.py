@@ -77,10 +77,10 @@ candidates = st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=8)
 def test_tree_invariants(cands, budget):
     tree = build_tree(99, cands, max_nodes=budget)
     n = tree.num_nodes
-    assert 1 <= n <= budget + 1
+    prefixes = {()} | {tuple(c[:k]) for c in cands for k in range(len(c) + 1)}
+    assert n == 1 + min(budget, len(prefixes) - 1)     # one node per distinct prefix, until the budget runs out
     assert all(tree.parents[i] < i and tree.depths[i] == tree.depths[tree.parents[i]] + 1 for i in range(1, n))
     # every node's root path spells a prefix of some candidate
-    prefixes = {()} | {tuple(c[:k]) for c in cands for k in range(len(c) + 1)}
     for i in range(n):
         assert tuple(tree.tokens[j] for j in tree.path_to(i)[1:]) in prefixes
     # no two siblings share a token
