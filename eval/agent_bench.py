@@ -359,7 +359,7 @@ def _latencies(text: str) -> list[float]:
 def run_cli(args: argparse.Namespace) -> int:
     import torch
 
-    from ooospec.eval.bench import environment
+    from ooospec.eval.harness import environment
     from ooospec.runtime import hardware
     from ooospec.runtime.models import load_target
     from ooospec.runtime.paths import resolve_benchmark

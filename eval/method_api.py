@@ -1,7 +1,7 @@
 """The benchmark's method API: what one method is given and what it returns for one prompt.
 
 A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult``: engine methods (``ar``, ``pld``,
-``toolspec``, built in :mod:`ooospec.eval.bench`) and the HF ``generate`` peers (:mod:`ooospec.eval.peers`) both
+``toolspec``, built in :mod:`ooospec.eval.harness`) and the HF ``generate`` peers (:mod:`ooospec.eval.peers`) both
 return a :class:`MethodResult`, so the harness treats them alike. This module imports nothing from ``ooospec``,
 so both sides can import it.
 """

@@ -20,7 +20,9 @@ deployment      sidecar server                   target during an ooospec call  
 ``wave-first``  all cores, bench threads         all cores, after the wave is ready   for the wave
 ==============  ===============================  ===================================  =====================
 
-Per request the method reports (``row["hints"]``): when the wave was submitted and ready (relative to arrival),
+Per request the method reports (``row["hints"]``): the wave gate's decision (``wave``: skip / index / slots, the
+expected saving and cost in seconds, the queries asked; None without a gate), when the wave was submitted and
+ready (relative to arrival),
 the engine step at which the bank became ready (0 = before the first tree, None = never), hint tokens proposed
 and accepted, the answer payload bytes, the error kind if any, and the target process's own time on sidecar work
 (building the wave, joining, views, tokenizing, suffix matching).
@@ -101,8 +103,19 @@ class GoldHints:
         return {**stats, "source": "gold", "ready_s": 0.0, "target_sidecar_s": self._build_s + stats["match_s"]}
 
 
+def wave_gate_for(deploy: Deployment):
+    """A :class:`~ooospec.runtime.wave_gate.WaveGate` starting from ``deploy``'s prior (``--sidecar-gate on``)."""
+    from ooospec.runtime.wave_gate import PRIORS, WaveGate
+
+    return WaveGate(PRIORS[deploy.name])
+
+
 class SidecarHints:
-    """Hints from a running sidecar server, deployed as ``deploy`` next to a bench running ``bench_threads``."""
+    """Hints from a running sidecar server, deployed as ``deploy`` next to a bench running ``bench_threads``.
+
+    With a wave gate on the client (``client.gate``, :func:`wave_gate_for`) each request's wave is sent, cut to
+    the queries that pay, or skipped; the decision and its estimate are in the row's ``hints["wave"]``.
+    """
 
     name = "sidecar"
 
@@ -115,6 +128,7 @@ class SidecarHints:
     def start(self, ctx, arrival: float):
         import torch
 
+        self._ctx = ctx
         req = self.client.submit(ctx.record["messages"], ctx.record["tools"], fmt=ctx.fmt, tokenizer=ctx.tokenizer,
                                  arrival=arrival)
         if self.deploy.target_cpus == "rest":
@@ -136,7 +150,13 @@ class SidecarHints:
             torch.set_num_threads(threads)
             self._restore = None
         req.cancel()
-        hint = drafter.stats(result).to_dict()
+        hint_stats = drafter.stats(result)
+        hint = hint_stats.to_dict()
+        calls = []
+        if result is not None and req.gate is not None:   # the gate learns which slots the target copies verbatim
+            ctx = self._ctx
+            calls = ctx.fmt.parse_calls(ctx.tokenizer.decode(result.tokens, skip_special_tokens=False))
+        wave = req.report(result, hint_stats, calls)
         st = req.stats()
         arrival = st.arrival_t
 
@@ -147,7 +167,7 @@ class SidecarHints:
                 "submit_s": rel(st.submit_t), "ready_s": rel(st.ready_t), "wave_s": st.wave_s,
                 "n_queries": st.n_queries, "payload_bytes": st.payload_bytes, "response_bytes": st.response_bytes,
                 "error": st.error, "call": st.call, "server": st.server,
-                "target_sidecar_s": st.build_s + hint["match_s"]}
+                "target_sidecar_s": st.build_s + hint["match_s"], "wave": wave}
 
 
 def summarize_hints(rows: Sequence[dict]) -> dict | None:
@@ -185,4 +205,6 @@ def summarize_hints(rows: Sequence[dict]) -> dict | None:
         "median_payload_bytes": statistics.median(payload) if payload else None,
         "mean_target_sidecar_s": statistics.fmean(h.get("target_sidecar_s") or 0.0 for h in hints),
         "errors": errors,
+        "wave_decisions": {k: sum((h.get("wave") or {}).get("decision") == k for h in hints)
+                           for k in ("skip", "index", "slots")} if any(h.get("wave") for h in hints) else None,
     }

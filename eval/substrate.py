@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from ooospec.eval.reporting import md_table
 from ooospec.runtime.tree import chain_tree
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -143,21 +144,20 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| file | weights | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in SIZES[1:])
-            + " | prefill tok/s (ours / llama.cpp) | decode tok/s (ours / llama.cpp) | ours / llama.cpp decode"
-            " | batch-vs-single max logit diff |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    head = ["file", "weights", "T(1) ms", *(f"T({n})/T(1)" for n in SIZES[1:]), "prefill tok/s (ours / llama.cpp)",
+            "decode tok/s (ours / llama.cpp)", "ours / llama.cpp decode", "batch-vs-single max logit diff"]
+    table = []
     for r in rows:
         t = r["T_ms"]
         t1 = t[1] if 1 in t else t["1"]
-        rel = " | ".join(f"{(t.get(n) or t[str(n)]) / t1:.2f}" for n in SIZES[1:])
-        lines.append(
-            f"| {r['file']} | {r['weights']} | {t1:.1f} | {rel} | {r['prefill_tok_s']['ours']:.0f} / "
-            f"{r['prefill_tok_s']['llama.cpp']:.0f} | {r['decode_tok_s']['ours']:.1f} / "
-            f"{r['decode_tok_s']['llama.cpp']:.1f} | {r['decode_vs_llamacpp']:.2f}x | "
-            f"{r['batch_vs_single']['max_abs_logit_diff']:.3f}"
-            f"{' (argmax flips)' if r['batch_vs_single']['argmax_differs'] else ''} |")
-    return "\n".join(lines) + "\n"
+        rel = [f"{(t.get(n) or t[str(n)]) / t1:.2f}" for n in SIZES[1:]]
+        flips = " (argmax flips)" if r["batch_vs_single"]["argmax_differs"] else ""
+        table.append([r["file"], r["weights"], f"{t1:.1f}", *rel,
+                      f"{r['prefill_tok_s']['ours']:.0f} / {r['prefill_tok_s']['llama.cpp']:.0f}",
+                      f"{r['decode_tok_s']['ours']:.1f} / {r['decode_tok_s']['llama.cpp']:.1f}",
+                      f"{r['decode_vs_llamacpp']:.2f}x",
+                      f"{r['batch_vs_single']['max_abs_logit_diff']:.3f}{flips}"])
+    return md_table(head, table, align="l" * len(head)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

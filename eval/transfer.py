@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ooospec.eval import bench, transfer_cell
+from ooospec.eval import harness, transfer_cell
 from ooospec.eval.ooospec_method import summarize_hints
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import write_json
@@ -67,7 +67,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # the code a measurement depends on: a change here starts stored cells over (see transfer_cell)
-MEASURED_CODE = ("runtime", "eval/bench.py", "eval/peers.py", "eval/method_api.py", "eval/ooospec_method.py")
+MEASURED_CODE = ("runtime", "eval/harness.py", "eval/peers.py", "eval/method_api.py",
+                 "eval/ooospec_method.py")
 HINT_METHODS = ("ooospec", "ooospec-gold")
 HEADER_KEYS = ("target", "benchmark", "env", "target_info", "notes")
 
@@ -95,9 +96,9 @@ class TransferParams:
     report_to: Literal["wandb", "none"] = "wandb"
 
     def __post_init__(self):
-        unknown = [m for m in self.methods if m not in bench.KNOWN_METHODS]
+        unknown = [m for m in self.methods if m not in harness.KNOWN_METHODS]
         if unknown:
-            raise ValueError(f"transfer.methods: unknown {unknown}; known: {list(bench.KNOWN_METHODS)}")
+            raise ValueError(f"transfer.methods: unknown {unknown}; known: {list(harness.KNOWN_METHODS)}")
         if not self.targets or not self.benchmarks:
             raise ValueError("transfer.targets and transfer.benchmarks must not be empty")
         for name, value in (("limit", self.limit), ("max_new_tokens", self.max_new_tokens),
@@ -220,7 +221,7 @@ def target_methods(params: TransferParams, target: str) -> tuple[list[str], list
         names.remove("hf-assisted")
         notes.append(f"hf-assisted left out for {target}: no same-vocabulary draft model "
                      f"(transfer.assistants names one for {sorted(params.assistants) or 'no target'})")
-    return list(dict.fromkeys([bench.BASELINE, bench.HF_REFERENCE, *names])), notes
+    return list(dict.fromkeys([harness.BASELINE, harness.HF_REFERENCE, *names])), notes
 
 
 def cell_key(params: TransferParams, target: str, benchmark: str, methods: Sequence[str], machine: dict,
@@ -250,14 +251,14 @@ def target_summary(cells: Sequence[dict]) -> dict:
     accuracy over every request and over the calls that arrived). Keys are absent where the methods did not run."""
     rows = [r for c in cells for r in c["examples"]]
     by = {m: [r for r in rows if r["method"] == m] for m in {r["method"] for r in rows}}
-    ar = by[bench.BASELINE]
+    ar = by[harness.BASELINE]
     out: dict = {"examples": len(ar), "call": metrics.call_accuracy([r["call_score"] for r in ar]),
                  # answers that hold no call and ran into the token budget (rambling or repeating text)
                  "budget_without_call": sum(r["stop_reason"] == "max_new_tokens" and not r["call_score"]["parsed"]
                                             for r in ar) / len(ar)}
     mean = {m: statistics.fmean(r["time_s"] for r in rs) for m, rs in by.items()}
     out["mean_s"] = mean
-    out["speedup"] = {m: metrics.speedup(mean[bench.BASELINE], t) for m, t in mean.items()}
+    out["speedup"] = {m: metrics.speedup(mean[harness.BASELINE], t) for m, t in mean.items()}
     if "toolspec" in mean:
         for m in HINT_METHODS:
             if m in mean:
@@ -279,7 +280,8 @@ def target_summary(cells: Sequence[dict]) -> dict:
 
 def cell_metrics(cell: dict) -> dict:
     """The headline numbers of one cell for ``metrics/transfer.json``."""
-    out = {"examples": cell["methods"][bench.BASELINE]["n"], "call": cell["methods"][bench.BASELINE]["call"]["call"]}
+    base = cell["methods"][harness.BASELINE]
+    out = {"examples": base["n"], "call": base["call"]["call"]}
     for name, s in cell["methods"].items():
         lo, hi = s["speedup_median_ci"]
         out[name] = {"speedup": s["speedup"], "speedup_median": s["speedup_median"], "speedup_ci_lo": lo,
@@ -334,10 +336,9 @@ class SidecarServer:
     def hints(self):
         """The hint source for ``build_methods`` (starts the server on first use)."""
         if self._hints is None:
-            self.process, self._hints = bench.start_hints(argparse.Namespace(
-                hints="sidecar", sidecar_url=None, sidecar_model="sidecar",
-                sidecar_adapter=self.params.sidecar_adapter, sidecar_deploy=self.params.sidecar_deploy,
-                dtype=self.params.dtype), self.bench_threads)
+            options = harness.HintOptions(source="sidecar", sidecar_adapter=self.params.sidecar_adapter,
+                                          sidecar_deploy=self.params.sidecar_deploy, dtype=self.params.dtype)
+            self.process, self._hints = harness.start_hints(options, self.bench_threads)
         return self._hints
 
     def settle(self) -> None:
@@ -364,7 +365,7 @@ class LoadedTarget:
     info: dict
 
     def measure(self, params: TransferParams, records: Sequence[dict], on_example, settle) -> dict:
-        return bench.run_bench(self.model, self.tokenizer, records, self.factories, fmt=self.fmt,
+        return harness.run_bench(self.model, self.tokenizer, records, self.factories, fmt=self.fmt,
                                max_new_tokens=params.max_new_tokens, warmup=params.warmup, on_example=on_example,
                                roofline=self.env["roofline"], settle=settle)
 
@@ -385,13 +386,13 @@ def load(params: TransferParams, target: str, methods: Sequence[str], machine: d
             raise ValueError(f"transfer.assistants: {params.assistants[target]!r} does not share {target!r}'s "
                              f"vocabulary; remove that entry")
     fmt = detect_format(tokenizer)
-    factories, _ = bench.build_methods(
-        [m for m in methods if m not in (bench.BASELINE, bench.HF_REFERENCE)], model, tokenizer,
-        eos_token_ids=bench.eos_ids(model, tokenizer), pld_tokens=params.pld_tokens, assistant=assistant,
+    factories, _ = harness.build_methods(
+        [m for m in methods if m not in (harness.BASELINE, harness.HF_REFERENCE)], model, tokenizer,
+        eos_token_ids=harness.eos_ids(model, tokenizer), pld_tokens=params.pld_tokens, assistant=assistant,
         hints=server.hints if "ooospec" in methods else None)
     assert list(factories) == list(methods), (list(factories), methods)
     threads = (machine["threads"], machine["threads_reason"])
-    env = {**bench.environment(threads, (machine["dtype"], machine["dtype_reason"]), params.dtype, model, roofline),
+    env = {**harness.environment(threads, (machine["dtype"], machine["dtype_reason"]), params.dtype, model, roofline),
            "deployment": params.sidecar_deploy if "ooospec" in methods else None}
     return LoadedTarget(model, tokenizer, fmt, factories, env, target_info(model, tokenizer, fmt, sidecar))
 
@@ -454,7 +455,7 @@ def run(params: TransferParams, cells_dir: Path, report_dir: Path, metrics_path:
     machine = {"cpu": hardware.cpu_info()["model"], "threads": threads[0], "threads_reason": threads[1],
                "dtype": dtype[0], "dtype_reason": dtype[1]}
     logger.info("threads %d (%s); dtype %s (%s)", threads[0], threads[1], dtype[0], dtype[1])
-    benchmarks = {b: bench.load_examples(resolve_benchmark(b), params.limit) for b in params.benchmarks}
+    benchmarks = {b: harness.load_examples(resolve_benchmark(b), params.limit) for b in params.benchmarks}
     adapter = Path(params.sidecar_adapter)
     if "ooospec" in params.methods and not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(
@@ -482,7 +483,7 @@ def stage_results(params: TransferParams, cells: Sequence[dict], *, machine: dic
                   started: str, wall_s: float, params_path: Path | None = None) -> dict:
     """The stage's JSON from its compact cells: params, the commands that reproduce it, machine, sidecar, cells,
     and per target its facts (:func:`target_info`) and pooled figures (:func:`target_summary`)."""
-    return bench.json_safe({
+    return harness.json_safe({
         "params": as_dict(params), "params_file": str(params_path) if params_path else None,
         "command": (full_command() if params_path is not None and str(params_path) == FULL_PARAMS
                     else regenerate_command(params)),
@@ -501,8 +502,8 @@ def write_outputs(results: dict, report_dir: Path, metrics_path: Path) -> list[P
     from ooospec.eval import transfer_report
 
     write_json(report_dir / "transfer.json", results)
-    write_json(metrics_path, bench.json_safe({
-        "wall_s": results["wall_s"], "examples": sum(c["methods"][bench.BASELINE]["n"] for c in results["cells"]),
+    write_json(metrics_path, harness.json_safe({
+        "wall_s": results["wall_s"], "examples": sum(c["methods"][harness.BASELINE]["n"] for c in results["cells"]),
         "cells": {f"{c['target']}/{Path(c['benchmark']).stem}": cell_metrics(c) for c in results["cells"]}}))
     return [report_dir / "transfer.json", metrics_path, *transfer_report.write_reports(results, report_dir)]
 

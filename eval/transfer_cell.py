@@ -6,13 +6,13 @@ example with everything measured so far::
 
     {"key": {...},          what the rows were measured under: target, benchmark, methods, budget, dtype,
                             threads, deployment, sidecar adapter, CPU, code fingerprint
-     "examples": [rows],    one row per example and method (eval/bench.py's rows, plus "call" / "call_score")
-     "methods": {name: summary},   eval/bench.py's summary + speedup_median_ci, call accuracy, wave latency
+     "examples": [rows],    one row per example and method (eval/harness.py's rows, plus "call" / "call_score")
+     "methods": {name: summary},   eval/harness.py's summary + speedup_median_ci, call accuracy, wave latency
      "sessions": [{"started", "wall_s", "examples", "loadavg_start", "loadavg_end"}],
      "partial": bool, "limit": int, ...header (env, target_info, notes)}
 
 Resuming (:func:`run_cell`): rows stored under the same ``key`` are kept, the examples that have a row for every
-method are skipped, and the rest run through :func:`ooospec.eval.bench.run_bench` -- which warms every method up
+method are skipped, and the rest run through :func:`ooospec.eval.harness.run_bench` -- which warms every method up
 again first, so a resumed session's timings are as warm as a fresh one's. A changed key (other settings, other
 code) starts the cell over: rows measured under different conditions never share a summary. The learning
 drafters' state (retrieval bank, acceptance estimates) starts cold in each session, like a restarted server.
@@ -32,13 +32,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ooospec.eval import bench
+from ooospec.eval import harness
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import metrics
 
 logger = logging.getLogger(__name__)
 
-# measure(records, on_example) -> bench results ({"methods", "examples", ...}): bench.run_bench on a loaded target
+# measure(records, on_example) -> bench results ({"methods", "examples", ...}): harness.run_bench on a loaded target
 Measure = Callable[[Sequence[dict], Callable[[dict], None]], dict]
 
 
@@ -105,13 +105,13 @@ def sidecar_call_score(row: dict, record: dict) -> metrics.CallScore | None:
 
 def summarize_cell(rows: Sequence[dict], methods: Sequence[str], records: Mapping[str, dict], fmt, *,
                    roofline: dict | None, seed: int, num_resamples: int) -> dict:
-    """``{method: summary}``: :func:`ooospec.eval.bench.summarize` plus, per method, ``speedup_median_ci`` (the
+    """``{method: summary}``: :func:`ooospec.eval.harness.summarize` plus, per method, ``speedup_median_ci`` (the
     bootstrap 95% interval of the median per-example ratio), ``call`` (call accuracy of the method's own output
     vs gold) and, for hint methods, ``hints.median_wave_s`` and ``hints.sidecar_call`` (the sidecar's call vs gold).
     """
     score_rows(rows, records, fmt)
-    summary = bench.summarize(rows, methods, roofline=roofline)
-    base = {r["id"]: r["time_s"] for r in rows if r["method"] == bench.BASELINE}
+    summary = harness.summarize(rows, methods, roofline=roofline)
+    base = {r["id"]: r["time_s"] for r in rows if r["method"] == harness.BASELINE}
     for name in methods:
         own = [r for r in rows if r["method"] == name]
         ratios = [metrics.speedup(base[r["id"]], r["time_s"]) for r in own]
@@ -136,7 +136,7 @@ def run_cell(path: Path, key: Mapping, records: Sequence[dict], measure: Measure
         key: the measurement conditions (must contain ``methods``, in run order); stored rows are reused only
             under an equal key.
         records: the benchmark's first ``limit`` records (id order).
-        measure: ``measure(records, on_example) -> results`` -- :func:`ooospec.eval.bench.run_bench` on the
+        measure: ``measure(records, on_example) -> results`` -- :func:`ooospec.eval.harness.run_bench` on the
             loaded target with these methods (warm-up first); None for a cell known to be complete.
         header: stored with the cell as is (``env``, ``target_info``, ``notes``...); ``env.roofline`` is used for
             the roofline fractions.
@@ -159,7 +159,7 @@ def run_cell(path: Path, key: Mapping, records: Sequence[dict], measure: Measure
                 "methods": summarize_cell(rows, key["methods"], by_id, fmt, roofline=roofline, seed=seed,
                                           num_resamples=num_resamples),
                 "examples": sorted(rows, key=lambda r: (r["id"], key["methods"].index(r["method"])))}
-        cell = bench.json_safe(cell)
+        cell = harness.json_safe(cell)
         write_json(path, cell)
         return cell
 

@@ -35,13 +35,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sessions", dest="sessions", action="store_false",
                    help="prefill every request from scratch (stateless)")
     p.add_argument("--cache", type=Path, default=None, help="model cache root (default $OOOSPEC_CACHE)")
+    p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a request limit (repeatable), e.g. --limit max_tokens=4096; the keys are the "
+                        "fields of runtime/serve/chat_app.py's Limits (the README's Reliability table)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime.chat import ChatModel
     from ooospec.runtime.hardware import resolve_threads
     from ooospec.runtime.models import load_target
-    from ooospec.runtime.serve.chat_app import DEFAULT_PORT, serve
+    from ooospec.runtime.serve.admission import override_limits
+    from ooospec.runtime.serve.chat_app import DEFAULT_PORT, Limits, serve
     from ooospec.runtime.session import PrefixCache, SessionStore
     from ooospec.runtime.sidecar_client import SidecarClient
 
@@ -49,6 +53,10 @@ def run_cli(args: argparse.Namespace) -> int:
     method = args.method or ("ooospec" if args.sidecar else "toolspec")
     if method == "ooospec" and not args.sidecar:
         raise SystemExit("--method ooospec needs --sidecar URL (start one with `ooospec sidecar serve`)")
+    try:
+        limits = override_limits(Limits(), args.limit)
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
     try:
         threads = resolve_threads(args.threads)[0]
     except ValueError as e:
@@ -60,5 +68,6 @@ def run_cli(args: argparse.Namespace) -> int:
                                 prefix_cache=PrefixCache(max_bytes=max(args.prefix_cache_mb, 1) << 20))
     sidecar = SidecarClient(args.sidecar) if args.sidecar else None
     chat = ChatModel(model, tok, method=method, sidecar=sidecar, sessions=sessions)
-    serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT)
+    serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT,
+          limits=limits)
     return 0

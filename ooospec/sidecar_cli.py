@@ -32,12 +32,11 @@ def predict_records(sidecar, records: Iterable[Mapping]) -> Iterator[dict]:
     """One prediction row per record (see the module docstring); ``sidecar`` is a loaded
     :class:`~ooospec.runtime.sidecar.Sidecar`. The record's first call is predicted (no prior calls)."""
     from ooospec.runtime import sidecar_prompts as sp
-    from ooospec.runtime.sidecar import join_answers
 
     for rec in records:
         wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True)
         result = sidecar.answer(wave)
-        call = join_answers(rec["tools"], wave, result.answers)
+        call = sp.join_answers(rec["tools"], wave, result.answers)
         direct_text = next(a for q, a in zip(wave.queries, result.answers) if q.form == "direct_call")
         yield {"id": rec.get("id"),
                "call": None if call is None else {"name": call["name"], "arguments": call["arguments"]},
@@ -66,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument("--cpus", type=_cpus, default=None, help="pin the server to these cores, e.g. 1 or 0,1")
+    serve.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a request limit (repeatable), e.g. --limit max_prompts=256; the keys are the "
+                            "fields of runtime/serve/sidecar_app.py's Limits (the README's Reliability table)")
     predict.add_argument("--dataset", required=True, help="a JSONL file of records or a benchmark name")
     predict.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None,
                          help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
@@ -76,11 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.sidecar_command == "serve":
-        from ooospec.runtime.serve.sidecar_app import DEFAULT_PORT, serve
+        from ooospec.runtime.serve.admission import override_limits
+        from ooospec.runtime.serve.sidecar_app import DEFAULT_PORT, Limits, serve
 
+        try:
+            limits = override_limits(Limits(), args.limit)
+        except ValueError as e:
+            raise SystemExit(str(e)) from e
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
-              dtype=args.dtype)
+              dtype=args.dtype, limits=limits)
         return 0
 
     from tqdm import tqdm

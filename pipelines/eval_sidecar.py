@@ -273,7 +273,6 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     import torch
 
     from ooospec.runtime.hardware import cpu_info
-    from ooospec.runtime.sidecar import join_answers
 
     torch.manual_seed(params.seed)
     chosen = select_requests(rows, params.max_requests, params.seed)
@@ -306,7 +305,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         gold = row_joined = None
         if call_slot is not None:
             gold = json.loads(call_slot["answer"])
-            row_joined = join_answers(row["tools"], wave, result.answers)
+            row_joined = sp.join_answers(row["tools"], wave, result.answers)
             gold_calls.append(gold)
             joined.append(row_joined)
         per_row.append((source_of(row), slots, list(result.answers), row_joined, gold))

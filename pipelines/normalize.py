@@ -42,6 +42,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
+from ooospec.eval.reporting import md_table
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import (
     UNCHECKABLE_SCHEMA,
@@ -170,9 +171,9 @@ def normalize(params: NormalizeParams, records: dict[str, dict], traces: list[di
 
 def normalize_card(stats: dict, path: Path) -> None:
     """``data_cards/normalize.md`` from the stats (the numbers are the metrics file's numbers)."""
-    rows = "\n".join(f"| {s} | " + " | ".join(str(c[k]) for k in ("kept", *REASONS)) + " |"
-                     for s, c in stats["by_source"].items())
-    reasons = "\n".join(f"| `{k}` | {v} |" for k, v in stats["rejects_by_reason"].items())
+    per_source = md_table(["source", "kept", *REASONS],
+                          [[s, *(c[k] for k in ("kept", *REASONS))] for s, c in stats["by_source"].items()])
+    reasons = md_table(["reason", "traces"], [[f"`{k}`", v] for k, v in stats["rejects_by_reason"].items()])
     backends = ", ".join(stats["teacher_backends"]) or "none"
     agreement = ", and the teacher called the same functions as the gold" \
         if stats["params"]["require_gold_agreement"] else ""
@@ -190,15 +191,11 @@ Rejected traces are in `data/normalize/rejects.jsonl` with their reason and raw 
 
 ## Rejects by reason
 
-| reason | traces |
-|---|---:|
 {reasons}
 
 ## Per source
 
-| source | kept | {" | ".join(REASONS)} |
-|---|---:|{"---:|" * len(REASONS)}
-{rows}
+{per_source}
 """
     atomic_write_text(path, text)
 

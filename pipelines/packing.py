@@ -7,12 +7,17 @@ A request row (``expand_slots``) is a shared block and its slots. Packed, it is 
 
 with ``position_ids`` restarting after the block for every segment (``B, B+1, ...``) and a 4D additive mask in
 which a segment token sees the block and the earlier tokens of its own segment only -- exactly what one wave
-branch sees at inference (:func:`ooospec.runtime.sidecar.decode_branches`). Labels are the answer tokens and EOS;
-block and query tokens are ``-100``. The model shifts labels by one inside its loss, and every segment's first
-token is an unlabelled query token, so no segment is ever trained to predict the next one.
+branch sees at inference (:func:`ooospec.runtime.sidecar.decode_branches`). Both come from the structure the wave
+decodes with: the sequence is a :class:`~ooospec.runtime.tree.Forest` (:func:`packed_forest`, the block shared,
+each segment a chain), whose :func:`~ooospec.runtime.tree.forest_positions` and
+:func:`~ooospec.runtime.tree.forest_visibility` give the segments' positions and visibility.
 
-Tokenization is the runtime's: block and query tokenized apart (:func:`ooospec.runtime.sidecar.encode_wave`),
-answers tokenized alone, EOS appended. A request longer than ``max_len`` is split into several sequences, each
+Labels are the answer tokens and EOS; block and query tokens are ``-100``. The model shifts labels by one inside
+its loss, and every segment's first token is an unlabelled query token, so no segment is ever trained to predict
+the next one.
+
+Tokenization is the contract's (:func:`ooospec.runtime.sidecar_prompts.encode_wave`): block and query tokenized
+apart, answers tokenized alone, EOS appended. A request longer than ``max_len`` is split into several sequences, each
 with the block and as many whole segments as fit; a slot that cannot fit even alone is dropped (and counted).
 
 Loss weights (optional, recipe ``loss_weight_*``): :func:`slot_weight` gives each slot a weight -- the index
@@ -28,11 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 
 from ooospec.pipelines.slot_rows import row_wave
-from ooospec.runtime.sidecar import encode_wave
+from ooospec.runtime.sidecar_prompts import encode_wave
+from ooospec.runtime.tree import Forest, chain_tree, forest_positions, forest_visibility
 
 IGNORE = -100
 
@@ -101,15 +108,14 @@ def pack_request(tokenizer, row: dict, max_len: int,
 
 def _pack(block: Sequence[int], segments: Sequence[tuple[list[int], list[int], float | None]],
           weighted: bool = False) -> dict:
-    ids, labels = list(block), [IGNORE] * len(block)
-    positions, segs = list(range(len(block))), [0] * len(block)
+    ids, labels, segs = list(block), [IGNORE] * len(block), [0] * len(block)
     label_weights = [0.0] * len(block)
     for k, (q, a, w) in enumerate(segments, 1):
         ids += q + a
         labels += [IGNORE] * len(q) + a
         label_weights += [0.0] * len(q) + [float(w) if w is not None else 1.0] * len(a)
-        positions += list(range(len(block), len(block) + len(q) + len(a)))
         segs += [k] * (len(q) + len(a))
+    positions = list(range(len(block))) + forest_positions(packed_forest(segs))
     out = {"input_ids": ids, "labels": labels, "position_ids": positions, "segment_ids": segs}
     if weighted:
         out["label_weights"] = label_weights
@@ -133,15 +139,40 @@ def pack_rows(tokenizer, rows: Sequence[dict], max_len: int,
     return seqs, stats
 
 
+def packed_forest(segment_ids: Sequence[int]) -> Forest:
+    """One packed sequence as the wave's forest: segment 0 (the block) shared, every later segment a chain fed
+    right after it, with no history. Its nodes carry token 0: positions and visibility do not depend on tokens.
+
+    ``[0, 0, 1, 1, 1, 2, 2, 2]`` -> ``Forest(2, (3-node chain, 3-node chain), ((), ()))``, whose positions are
+    ``[2, 3, 4, 2, 3, 4]``.
+    """
+    runs = [(k, sum(1 for _ in run)) for k, run in groupby(segment_ids)]
+    num_block = runs[0][1] if runs and runs[0][0] == 0 else 0
+    lengths = [n for k, n in runs if k]
+    assert [k for k, _ in runs if k] == list(range(1, len(lengths) + 1)), f"segments out of order: {runs[:10]}"
+    return Forest(num_block, tuple(chain_tree([0] * n) for n in lengths), ((),) * len(lengths))
+
+
+def packed_visibility(segment_ids: Sequence[int]) -> torch.Tensor:
+    """Bool ``[T, T]`` of one packed sequence: the block causal, then :func:`~ooospec.runtime.tree.forest_visibility`
+    of its :func:`packed_forest` (a segment token sees the block and its own segment's earlier tokens)."""
+    forest = packed_forest(segment_ids)
+    b = forest.num_shared
+    block_rows = torch.zeros(b, b + forest.num_nodes, dtype=torch.bool)
+    block_rows[:, :b] = torch.ones(b, b, dtype=torch.bool).tril()
+    return torch.cat([block_rows, forest_visibility(forest, b)])
+
+
 def segment_visibility(segment_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B, L, L]``: query i sees key j iff ``j <= i``, both are real tokens, and j is in the block (segment
-    0) or in i's segment. A padding row sees itself only (a fully hidden row would make softmax NaN)."""
-    L = segment_ids.shape[1]
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    block = (segment_ids == 0)[:, None, :]
-    visible = causal[None] & (same | block) & valid[:, None, :] & valid[:, :, None]
-    return visible | (torch.eye(L, dtype=torch.bool)[None] & ~valid[:, :, None])
+    """Bool ``[B, L, L]``: each row's :func:`packed_visibility` over its real tokens (a prefix, ``valid``); a
+    padding row sees itself only (a fully hidden row would make softmax NaN)."""
+    batch, length = segment_ids.shape
+    visible = torch.eye(length, dtype=torch.bool).repeat(batch, 1, 1)
+    for r in range(batch):
+        n = int(valid[r].sum())
+        assert bool(valid[r, :n].all()), "padding must follow the real tokens"
+        visible[r, :n, :n] = packed_visibility(segment_ids[r, :n].tolist())
+    return visible
 
 
 class PackedCollator:

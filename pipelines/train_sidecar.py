@@ -377,8 +377,9 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
 
 
 def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:
-    """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (see runtime/sidecar.py)."""
-    return {"layout_version": sp.LAYOUT_VERSION, "base": recipe.base, "base_model_id": recipe.base_model_id,
+    """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (the layout it learned,
+    :func:`~ooospec.runtime.sidecar_prompts.read_metadata` checks it; its base)."""
+    return {**sp.layout_metadata(), "base": recipe.base, "base_model_id": recipe.base_model_id,
             "lora_r": recipe.lora_r, "requests_trained": metrics["requests"]["trained"],
             "slots_trained": metrics["slots"]["trained"], "steps": metrics["steps"]}
 
@@ -393,14 +394,12 @@ def _sort_target_modules(config_path: Path) -> None:
 
 def save_adapter(trainer, tokenizer, adapter_dir: Path, metadata: dict) -> None:
     """peft ``save_pretrained`` (adapter_model.safetensors + adapter_config.json), the tokenizer, sidecar.json."""
-    from ooospec.runtime.sidecar import METADATA_FILE
-
     tmp = adapter_dir.with_name(adapter_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     trainer.model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     _sort_target_modules(tmp / "adapter_config.json")
-    (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+    (tmp / sp.METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(adapter_dir, ignore_errors=True)
     tmp.replace(adapter_dir)
 

@@ -75,7 +75,7 @@ class ChatTurn:
     cached_tokens: int            # prompt tokens whose KV was reused, not prefilled
     origin: str                   # a store's "session" / "fork" / "prefix" / "new", or "stateless"
     result: GenerationResult
-    hints: dict | None = None     # HintDrafter stats when the turn had hints
+    hints: dict | None = None     # HintDrafter stats when the turn had hints (+ "wave": the wave gate's record)
 
 
 def system_tools_block(fmt, tokenizer, messages: Sequence[dict], tools: Sequence[dict]) -> list[int]:
@@ -280,9 +280,14 @@ class ChatModel:
             reason: FinishReason = "tool_calls"
         else:
             reason = "length" if result.stop_reason == "max_new_tokens" else "stop"
+        hint_stats = hint_drafter.stats(result) if hint_drafter else None
+        hints_out = hint_stats.to_dict() if hint_stats else None
+        wave = request.report(result, hint_stats, calls) if request is not None else None
+        if wave is not None:      # the sidecar's wave gate decided this request (runtime/wave_gate.py)
+            hints_out["wave"] = wave
         return ChatTurn(text=text, calls=calls, finish_reason=reason, prompt_tokens=len(prompt),
                         completion_tokens=len(result.tokens), cached_tokens=result.num_cached, origin=origin,
-                        result=result, hints=hint_drafter.stats(result).to_dict() if hint_drafter else None)
+                        result=result, hints=hints_out)
 
     def _stop_rule(self, opening: str, with_tools: bool,
                    on_tokens: Callable[[Sequence[int]], None] | None) -> Callable[[Sequence[int]], bool] | None:

@@ -4,7 +4,7 @@ Whatever the drafters propose, the output equals plain greedy decoding of the ta
 (``tests/runtime/test_engine_exact.py`` checks this against HF ``generate(do_sample=False)``); drafters only
 change how many tokens each target forward commits.
 
-Public API (what ``eval/bench.py`` uses)::
+Public API (what ``eval/harness.py`` uses)::
 
     from ooospec.runtime.methods import make_engine, METHODS
     engine = METHODS["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)

@@ -2,16 +2,18 @@
 
 A wave (:class:`~ooospec.runtime.sidecar_prompts.Wave`) is one shared block and N short queries. Answering it
 as N separate prompts costs N prefills of the block; here the block is prefilled ONCE into the KV cache
-(:class:`~ooospec.runtime.kv_cache.KVCache`, the runtime's only cache), the N queries go in as one forest
-(shared query prefixes merged, like draft-tree nodes), and then every live branch advances per forward, each
-seeing the block and its own tokens only: one token, or, with an :class:`AnswerDrafter`, a small draft tree of
-its own (values copied from the conversation, a closing quote + EOS) verified greedily in the same forward. The
-wave costs one prefill, one forward over the query forest and at most (longest answer) branch forwards. Each
-branch ends at EOS or at ``max_new_tokens`` with exactly the tokens greedy decoding of that slot's prompt on its
-own gives, drafts or not (``tests/runtime/test_sidecar.py`` checks this on tiny float64 models).
+(:class:`~ooospec.runtime.kv_cache.KVCache`, the runtime's only cache), the N queries go in as one draft tree
+rooted at the block's last token (shared query prefixes merged, :func:`~ooospec.runtime.tree.build_tree`), and
+then every live branch advances per forward, each seeing the block and its own tokens only
+(:class:`~ooospec.runtime.tree.Forest`, the structure training packs with too): one token, or, with an
+:class:`AnswerDrafter`, a small draft tree of its own (values copied from the conversation, a closing quote +
+EOS) verified greedily in the same forward (:func:`~ooospec.runtime.verify.accept_greedy`). The wave costs one
+prefill, one forward over the query tree and at most (longest answer) branch forwards. Each branch ends at EOS or
+at ``max_new_tokens`` with exactly the tokens greedy decoding of that slot's prompt on its own gives, drafts or
+not (``tests/runtime/test_sidecar.py`` checks this on tiny float64 models).
 
-Tokenization is part of the layout: a prompt is ``ids(block) + ids(query)``, tokenized apart
-(:func:`encode_wave`), in training (:mod:`ooospec.pipelines.packing`) and here alike.
+The prompt layout, its tokenization (:func:`~ooospec.runtime.sidecar_prompts.encode_wave`), the joining of
+answers and the adapter's metadata are the sidecar's contract, :mod:`ooospec.runtime.sidecar_prompts`.
 
     sidecar = Sidecar.from_adapter()                                  # the shipped adapter (runtime/paths.py)
     call, result = sidecar.predict(messages, tools)                   # {"name", "arguments"} | None
@@ -35,19 +37,10 @@ from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.paths import sidecar_adapter_dir
 from ooospec.runtime.pld import lookup
-from ooospec.runtime.tree import ancestor_matrix, build_tree
+from ooospec.runtime.tree import DraftTree, Forest, build_tree, forest_positions, forest_visibility
 from ooospec.runtime.verify import accept_greedy
 
 logger = logging.getLogger(__name__)
-
-METADATA_FILE = "sidecar.json"   # written next to the adapter: layout version, base, data/metrics summary
-
-
-def encode_wave(tokenizer, wave: sp.Wave) -> tuple[list[int], list[list[int]]]:
-    """``(block_ids, [query_ids])``: the block and each query tokenized apart, no special tokens."""
-    block = tokenizer(wave.block, add_special_tokens=False)["input_ids"]
-    queries = tokenizer([q.text for q in wave.queries], add_special_tokens=False)["input_ids"] if wave.queries else []
-    return list(block), [list(q) for q in queries]
 
 
 @dataclass
@@ -56,11 +49,11 @@ class WaveResult:
 
     tokens: list[list[int]]     # [n_queries] generated tokens per query (EOS included when it ended on EOS)
     answers: list[str]          # [n_queries] decoded answers (special tokens dropped)
-    prefill_s: float            # the block's prefill
-    decode_s: float             # the query forest forward + every branch step
+    prefill_s: float            # the block's prefill (all but its last token: the query tree's root)
+    decode_s: float             # the query tree forward + every branch step
     n_forwards: int             # forwards after the prefill
     block_tokens: int
-    query_tokens: int           # distinct query-forest nodes fed in the first decode forward
+    query_tokens: int           # distinct query-tree nodes fed in the first decode forward (the root excluded)
     drafted: int = 0            # draft tokens fed (AnswerDrafter); they change the forwards, never the answers
     accepted: int = 0           # of them, accepted
 
@@ -74,6 +67,37 @@ class WaveCancelled(Exception):
 
 
 Propose = Callable[[int, Sequence[int]], Sequence[Sequence[int]]]
+
+
+@dataclass
+class _Branch:
+    """One distinct query's answer in progress."""
+
+    query: int              # the first query with this prompt: what ``propose`` is asked about
+    history: list[int]      # cache indices of its entries past the block: query tokens, then kept answer tokens
+    out: list[int]          # generated tokens; out[-1] is the root of its next tree (not in the cache yet)
+
+
+def _query_branches(queries: DraftTree, query_ids: Sequence[Sequence[int]], root_key: int,
+                    logits: torch.Tensor) -> tuple[list[_Branch], list[int]]:
+    """The branches after the query tree's forward, and ``which[i]``, the branch of query ``i``.
+
+    ``queries`` (the block's last token, then every query) is committed whole from cache entry ``root_key``, so
+    node ``j`` is entry ``root_key + j``; its ``logits`` ``[num_nodes, vocab]`` give every branch its first
+    token. Identical queries end on the same node and share a branch.
+    """
+    branches: list[_Branch] = []
+    which, branch_of_leaf = [], {}
+    for i, q in enumerate(query_ids):
+        leaf = 0
+        for tok in q:
+            leaf = queries.children[leaf][int(tok)]
+        if leaf not in branch_of_leaf:
+            branch_of_leaf[leaf] = len(branches)
+            history = [root_key + j for j in queries.path_to(leaf)[1:]]
+            branches.append(_Branch(i, history, [int(logits[leaf].argmax())]))
+        which.append(branch_of_leaf[leaf])
+    return branches, which
 
 
 def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
@@ -93,6 +117,60 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     (:func:`~ooospec.runtime.verify.accept_greedy`) plus the bonus token. Drafts change how many forwards the wave
     takes, never its answers.
     """
+    _check_wave(block_ids, query_ids, max_new_tokens, max_draft_nodes)
+    eos = frozenset(int(t) for t in eos_token_ids)
+
+    def poll(when: str) -> None:
+        if should_stop is not None and should_stop():
+            raise WaveCancelled(f"wave cancelled {when}")
+
+    def done(b: _Branch) -> bool:
+        return b.out[-1] in eos or len(b.out) >= max_new_tokens
+
+    def draft(b: _Branch) -> DraftTree:
+        cands = propose(b.query, b.out) if propose is not None and max_draft_nodes else ()
+        return build_tree(b.out[-1], cands, min(max_draft_nodes, max_new_tokens - len(b.out) - 1))  # bonus: +1
+
+    kv, num_block = KVCache(model), len(block_ids)
+    t0 = time.perf_counter()
+    kv.prefill(block_ids[:-1])      # as the engine does: the last token is the root of the first tree
+    t1 = time.perf_counter()
+    poll("after the prefill")
+    queries = build_tree(block_ids[-1], query_ids, max_nodes=sum(len(q) for q in query_ids))
+    logits = kv.forward_tree(queries)
+    kv.commit(range(queries.num_nodes))
+    branches, which = _query_branches(queries, query_ids, num_block - 1, logits)
+    key_pos = list(range(num_block)) + [num_block - 1 + d for d in queries.depths[1:]]   # [kv.length]
+    n_forwards, drafted, accepted = 1, 0, 0
+    live = [b for b in branches if not done(b)]
+    while live:
+        poll(f"after {n_forwards} forwards")
+        forest = Forest(num_block, tuple(draft(b) for b in live), tuple(tuple(b.history) for b in live))
+        pos = forest_positions(forest)
+        logits = kv.forward_masked(forest.tokens, torch.tensor(pos), forest_visibility(forest, kv.length),
+                                   torch.tensor(key_pos + pos))
+        n_forwards += 1
+        kept: list[int] = []        # fed nodes whose entries stay, in cache order
+        for b, tree, start in zip(live, forest.trees, forest.offsets):
+            acc = accept_greedy(tree, logits[start:start + tree.num_nodes])
+            b.history += range(kv.length + len(kept), kv.length + len(kept) + len(acc.kept_nodes))
+            kept += [start + node for node in acc.kept_nodes]
+            drafted, accepted = drafted + tree.num_nodes - 1, accepted + len(acc.accepted_tokens)
+            for tok in acc.new_tokens:
+                if done(b):
+                    break
+                b.out.append(int(tok))
+        kv.commit(kept)
+        key_pos += [pos[i] for i in kept]
+        live = [b for b in live if not done(b)]
+    t2 = time.perf_counter()
+    stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
+             "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted}
+    return [list(branches[w].out) for w in which], stats
+
+
+def _check_wave(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], max_new_tokens: int,
+                max_draft_nodes: int) -> None:
     if not block_ids:
         raise ValueError("the shared block is empty")
     if any(len(q) == 0 for q in query_ids):
@@ -101,120 +179,6 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if max_draft_nodes < 0:
         raise ValueError(f"max_draft_nodes must be >= 0, got {max_draft_nodes}")
-    eos = frozenset(int(t) for t in eos_token_ids)
-    kv = KVCache(model)
-    t0 = time.perf_counter()
-    kv.prefill(block_ids)
-    t1 = time.perf_counter()
-    n_block = kv.length
-
-    # the query forest: node i -> (token, parent node or -1, depth); cache entry of node i = n_block + i
-    tokens, parents, depths = [], [], []
-    children: list[dict[int, int]] = []
-    roots: dict[int, int] = {}
-    leaves = []
-    for q in query_ids:
-        node, level = -1, roots
-        for tok in q:
-            child = level.get(int(tok))
-            if child is None:
-                child = len(tokens)
-                tokens.append(int(tok))
-                parents.append(node)
-                depths.append(0 if node < 0 else depths[node] + 1)
-                children.append({})
-                level[int(tok)] = child
-            node, level = child, children[child]
-        leaves.append(node)
-    n = len(tokens)
-    if should_stop is not None and should_stop():
-        raise WaveCancelled("wave cancelled after the prefill")
-    visible = torch.zeros(n, n_block + n, dtype=torch.bool)
-    visible[:, :n_block] = True
-    for i in range(n):
-        j = i
-        while j >= 0:
-            visible[i, n_block + j] = True
-            j = parents[j]
-    positions = torch.tensor(depths, dtype=torch.long) + n_block
-    key_pos = torch.cat([torch.arange(n_block), positions])
-    logits = kv.forward_masked(tokens, positions, visible, key_pos)
-    kv.commit(range(n))
-    n_forwards = 1
-
-    # one branch per distinct leaf: its first query, its cache path, its next position, its generated tokens
-    branch_of_leaf: dict[int, int] = {}
-    query_of: list[int] = []
-    paths: list[list[int]] = []
-    next_pos: list[int] = []
-    out: list[list[int]] = []
-    for qi, leaf in enumerate(leaves):
-        if leaf in branch_of_leaf:
-            continue
-        branch_of_leaf[leaf] = len(paths)
-        query_of.append(qi)
-        path, j = [], leaf
-        while j >= 0:
-            path.append(n_block + j)
-            j = parents[j]
-        paths.append(path[::-1])
-        next_pos.append(n_block + depths[leaf] + 1)
-        out.append([int(logits[leaf].argmax())])
-    key_pos_list = key_pos.tolist()
-    drafted = accepted = 0
-
-    def done(b: int) -> bool:
-        return out[b][-1] in eos or len(out[b]) >= max_new_tokens
-
-    live = [b for b in range(len(out)) if not done(b)]
-    while live:
-        if should_stop is not None and should_stop():
-            raise WaveCancelled(f"wave cancelled after {n_forwards} forwards")
-        # every live branch feeds a tree rooted at its last token: the root alone without drafts
-        trees = []
-        for b in live:
-            cands = propose(query_of[b], out[b]) if propose is not None and max_draft_nodes else ()
-            budget = min(max_draft_nodes, max_new_tokens - len(out[b]) - 1)   # the bonus fills the last slot
-            trees.append(build_tree(out[b][-1], cands, budget))
-        offsets = [0]
-        for t in trees:
-            offsets.append(offsets[-1] + t.num_nodes)
-        fed = offsets[-1]
-        length = kv.length
-        visible = torch.zeros(fed, length + fed, dtype=torch.bool)
-        visible[:, :n_block] = True
-        feed, pos = [], []
-        for b, t, off in zip(live, trees, offsets):
-            feed += t.tokens
-            pos += [next_pos[b] + d for d in t.depths]
-            rows = slice(off, off + t.num_nodes)
-            visible[rows, paths[b]] = True                                            # its branch so far
-            visible[rows, length + off:length + off + t.num_nodes] = ancestor_matrix(t)   # its own tree
-        positions = torch.tensor(pos, dtype=torch.long)
-        key_pos_list += pos
-        logits = kv.forward_masked(feed, positions, visible, torch.tensor(key_pos_list, dtype=torch.long))
-        n_forwards += 1
-        kept = []
-        for b, t, off in zip(live, trees, offsets):
-            acc = accept_greedy(t, logits[off:off + t.num_nodes])
-            drafted += t.num_nodes - 1
-            accepted += len(acc.accepted_tokens)
-            for node in acc.path:
-                paths[b].append(length + len(kept))
-                kept.append(off + node)
-            next_pos[b] += len(acc.path)
-            for tok in acc.new_tokens:
-                if done(b):
-                    break
-                out[b].append(int(tok))
-        kv.commit(kept)
-        # the kept entries' key positions, in cache order
-        key_pos_list = key_pos_list[:length] + [key_pos_list[length + i] for i in kept]
-        live = [b for b in live if not done(b)]
-    t2 = time.perf_counter()
-    stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": n_block,
-             "query_tokens": n, "drafted": drafted, "accepted": accepted}
-    return [list(out[branch_of_leaf[leaf]]) for leaf in leaves], stats
 
 
 # ------------------------------------------------------------------------------------------- answer drafts
@@ -266,26 +230,6 @@ class AnswerDrafter:
 # ------------------------------------------------------------------------------------------- the sidecar
 
 
-class LayoutMismatch(ValueError):
-    """The adapter was trained on another prompt layout than this runtime builds."""
-
-
-def read_metadata(adapter_dir: str | os.PathLike) -> dict:
-    """The adapter's ``sidecar.json``; checks its layout version against :data:`sidecar_prompts.LAYOUT_VERSION`."""
-    path = Path(adapter_dir) / METADATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{adapter_dir}: no {METADATA_FILE}; is this a sidecar adapter folder "
-                                "(made by `python -m ooospec.pipelines.train_sidecar`)?")
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    found = meta.get("layout_version")
-    if found != sp.LAYOUT_VERSION:
-        raise LayoutMismatch(
-            f"{adapter_dir}: the adapter was trained on sidecar prompt layout {found!r}, but this runtime builds "
-            f"layout {sp.LAYOUT_VERSION}; its answers would be meaningless. Retrain it (`dvc repro train_sidecar`) "
-            "or use an ooo-spec release that builds that layout.")
-    return meta
-
-
 class Sidecar:
     """A sidecar model (base + merged LoRA) that answers waves. Thread-compatible, not thread-safe."""
 
@@ -314,7 +258,7 @@ class Sidecar:
         from ooospec.runtime.models import REGISTRY, load_target
 
         adapter_dir = sidecar_adapter_dir(adapter_dir)
-        meta = read_metadata(adapter_dir)
+        meta = sp.read_metadata(adapter_dir)
         base = meta.get("base") or ""
         if base not in REGISTRY and not Path(base).exists():   # trained elsewhere: the Hub id
             base = meta.get("base_model_id") or base
@@ -337,7 +281,7 @@ class Sidecar:
 
     def answer(self, wave: sp.Wave) -> WaveResult:
         """Every query of ``wave`` answered greedily in one pass."""
-        block, queries = encode_wave(self.tokenizer, wave)
+        block, queries = sp.encode_wave(self.tokenizer, wave)
         if not queries:
             return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
         toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
@@ -352,17 +296,4 @@ class Sidecar:
         """The joined call (see :func:`~ooospec.runtime.sidecar_prompts.join_slots`) and the wave's result."""
         wave = sp.build_wave(messages, tools, prior_calls, with_direct_call)
         result = self.answer(wave)
-        return join_answers(tools, wave, result.answers), result
-
-
-def join_answers(tools: Sequence[Any], wave: sp.Wave, answers: Sequence[str]) -> dict | None:
-    """:func:`~ooospec.runtime.sidecar_prompts.join_slots` over a wave's answers, in the wave's query order."""
-    index_text, direct, args = "", None, {}
-    for q, a in zip(wave.queries, answers):
-        if q.form == "function_index":
-            index_text = a
-        elif q.form == "direct_call":
-            direct = a
-        else:
-            args[(q.function, q.parameter)] = a
-    return sp.join_slots(tools, index_text, args, direct)
+        return sp.join_answers(tools, wave, result.answers), result

@@ -4,7 +4,7 @@ At request arrival -- never before -- :meth:`SidecarClient.submit` starts a daem
 with the shared builder (:func:`~ooospec.runtime.sidecar_prompts.build_wave`), sends it as ONE
 OpenAI-compatible ``POST /v1/completions`` (one prompt per slot query; our server,
 :mod:`ooospec.runtime.serve.sidecar_app`, or vLLM serving the adapter), joins the answers into a call
-(:func:`~ooospec.runtime.sidecar.join_answers`, schema-checked), renders its text views and tokenizes them with
+(:func:`~ooospec.runtime.sidecar_prompts.join_answers`, schema-checked), renders its text views and tokenizes them with
 the TARGET's tokenizer into a :class:`~ooospec.runtime.hints.HintBank`. The caller gets a :class:`HintRequest`
 at once; its :meth:`~HintRequest.poll` returns the bank when it is ready and None before (and forever after any
 failure). Every step is timed; every failure has a kind (:data:`ErrorKind`) and only costs the hints.
@@ -42,7 +42,8 @@ from typing import Any, Literal
 
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.hints import HintBank
-from ooospec.runtime.sidecar import join_answers
+from ooospec.runtime.sidecar_prompts import join_answers
+from ooospec.runtime.wave_gate import WaveDecision, WaveGate, outcome_of
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class RequestStats:
     call: dict | None = None          # the joined call ({"name", "arguments"}), when there is one
     num_views: int = 0
     server: dict = field(default_factory=dict)   # the server's "ooospec" object (our server) or {}
+    decision: dict | None = None      # the wave gate's record (WaveDecision.to_dict()), when a gate decided
 
     @property
     def wave_s(self) -> float | None:
@@ -103,8 +105,10 @@ class _Failure(Exception):
 class HintRequest:
     """One request's sidecar wave in flight. ``poll()`` never blocks; see the module docstring."""
 
-    def __init__(self, arrival: float):
-        self._stats = RequestStats(arrival_t=arrival)
+    def __init__(self, arrival: float, gate: WaveGate | None = None, decision: WaveDecision | None = None,
+                 messages: Sequence[Any] = ()):
+        self._stats = RequestStats(arrival_t=arrival, decision=None if decision is None else decision.to_dict())
+        self.gate, self.decision, self.messages = gate, decision, messages
         self._bank: HintBank | None = None
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -132,6 +136,20 @@ class HintRequest:
 
     def stats(self) -> RequestStats:
         return self._stats
+
+    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
+        """The request is over: teach the gate (if any) what it cost and saved; returns the gate's record.
+
+        Args:
+            result: the engine's result (None when generation failed: nothing is learnt).
+            hint_stats: the request's :class:`~ooospec.runtime.hints.HintStats` (with the result).
+            calls: the calls the target wrote, ``{"name", "arguments"}`` (the verbatim rates of argument slots).
+        """
+        if self.gate is None or self.decision is None:
+            return None
+        if result is not None:
+            self.gate.observe(outcome_of(self.decision, result, hint_stats, self._stats, calls, self.messages))
+        return self._stats.decision
 
     def _interrupt(self, kind: ErrorKind) -> None:
         with self._lock:
@@ -161,10 +179,14 @@ class SidecarClient:
         timeout: seconds from submit to the whole response (then the socket is closed: ``"timeout"``).
         max_response_bytes: a larger response is dropped (``"too_large"``).
         with_direct_call: also ask the direct-call query; its call (when valid and different) joins the bank.
+        gate: a :class:`~ooospec.runtime.wave_gate.WaveGate` deciding per request whether the wave pays, and which
+            queries (None = always the full wave). Report each finished request back with
+            :meth:`HintRequest.report`.
     """
 
     def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
-                 timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False):
+                 timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False,
+                 gate: WaveGate | None = None):
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"sidecar url must be http://host:port, got {base_url!r}")
@@ -176,6 +198,7 @@ class SidecarClient:
         self.connect_timeout, self.timeout = connect_timeout, timeout
         self.max_response_bytes = max_response_bytes
         self.with_direct_call = with_direct_call
+        self.gate = gate
 
     def submit(self, messages: Sequence[Any], tools: Sequence[Any], *, fmt: ModuleType, tokenizer,
                prior_calls: Sequence[Mapping] = (), arrival: float | None = None) -> HintRequest:
@@ -189,28 +212,45 @@ class SidecarClient:
                 truncation/padding settings meanwhile, so don't call it with ``truncation=``/``padding=``
                 while a wave is in flight).
             arrival: ``time.perf_counter()`` when the request arrived (default: now); kept in the stats.
+
+        With a gate, the wave is built here (string work, well under a millisecond for tens of slots) and the gate
+        picks what to send; a skipped request is done at once and its ``poll()`` stays None.
         """
-        req = HintRequest(time.perf_counter() if arrival is None else arrival)
-        req.thread = threading.Thread(target=self._run, args=(req, messages, tools, prior_calls, fmt, tokenizer),
+        arrival = time.perf_counter() if arrival is None else arrival
+        wave = None
+        if self.gate is not None:
+            t0 = time.perf_counter()
+            decision = self.gate.decide(sp.build_wave(messages, tools, prior_calls, self.with_direct_call), tools)
+            req = HintRequest(arrival, self.gate, decision, messages)
+            req._stats.build_s = time.perf_counter() - t0
+            if decision.wave is None:
+                req._done.set()
+                return req
+            wave = decision.wave
+        else:
+            req = HintRequest(arrival)
+        req.thread = threading.Thread(target=self._run, args=(req, messages, tools, prior_calls, fmt, tokenizer, wave),
                                       name="sidecar-wave", daemon=True)
         req.thread.start()
         return req
 
     # -------------------------------------------------------------------------- the background thread
 
-    def _run(self, req: HintRequest, messages, tools, prior_calls, fmt, tokenizer) -> None:
+    def _run(self, req: HintRequest, messages, tools, prior_calls, fmt, tokenizer, wave: sp.Wave | None) -> None:
         st = req._stats
         st.submit_t = time.perf_counter()
+        build_s = st.build_s
         watchdog = threading.Timer(self.timeout, req._interrupt, args=("timeout",))
         watchdog.daemon = True
         watchdog.start()
         try:
-            wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call)
+            if wave is None:
+                wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call)
             st.n_queries = len(wave.queries)
             body = json.dumps({"model": self.model, "prompt": wave.prompts(), "max_tokens": self.max_tokens,
                                "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
             st.request_bytes = len(body)
-            st.build_s += time.perf_counter() - st.submit_t
+            st.build_s = build_s + time.perf_counter() - st.submit_t
             raw = self._post(req, body)
             t0 = time.perf_counter()
             answers, server = parse_response(raw, len(wave.queries))

@@ -1,4 +1,15 @@
-"""Text prompts for the OoO-Spec sidecar: one builder shared by training (expand_slots) and the runtime wave.
+"""The sidecar's contract: what training, the sidecar server and its client must agree on, in one torch-free module.
+
+* layout: the texts of a request's shared block and its slot queries (:func:`build_wave`, :data:`LAYOUT_VERSION`);
+* tokenization: block and queries tokenized apart (:func:`encode_wave`);
+* answers: their one serialization (:func:`compact_json`), the gold answers (:func:`gold_answers`) and parsing;
+* joining: a wave's answers into one call (:func:`join_slots`, :func:`join_answers`);
+* adapter metadata: ``sidecar.json`` records the layout an adapter learned (:func:`read_metadata` refuses another).
+
+``expand_slots`` builds its rows, ``train_sidecar`` packs them (:mod:`ooospec.pipelines.packing`), the sidecar
+(:mod:`ooospec.runtime.sidecar`, :mod:`ooospec.runtime.serve.sidecar_app`) answers waves, and the client
+(:mod:`ooospec.runtime.sidecar_client`) builds and joins them -- all with this module. It imports no torch
+(``tests/runtime/test_sidecar_prompts.py`` checks), so a client process never loads a model stack.
 
 Layout (``LAYOUT_VERSION`` 2, "context first"): every query of a request shares ONE block of text -- the
 conversation, then every tool with its parameters -- followed by a short per-slot query line. The block is
@@ -56,8 +67,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from ooospec.runtime import schemas
@@ -298,6 +311,17 @@ def build_wave(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Seque
     return Wave(shared_block(messages, tools, prior_calls), tuple(queries))
 
 
+def encode_wave(tokenizer, wave: Wave) -> tuple[list[int], list[list[int]]]:
+    """``(block_ids, [query_ids])``: the block and each query tokenized apart, no special tokens.
+
+    A prompt's ids are ``block_ids + query_ids[i]``, in training (:mod:`ooospec.pipelines.packing`) and in the
+    sidecar's wave alike; ``tokenizer`` is any Hugging Face tokenizer (called, never imported here).
+    """
+    block = tokenizer(wave.block, add_special_tokens=False)["input_ids"]
+    queries = tokenizer([q.text for q in wave.queries], add_special_tokens=False)["input_ids"] if wave.queries else []
+    return list(block), [list(q) for q in queries]
+
+
 # ---------------------------------------------------------------- parsing sidecar answers
 
 def parse_function_index(text: str, num_tools: int | None = None) -> int:
@@ -368,6 +392,19 @@ def join_slots(tools: Sequence[Any], index_text: str, argument_texts: Mapping[tu
     return call
 
 
+def join_answers(tools: Sequence[Any], wave: Wave, answers: Sequence[str]) -> dict | None:
+    """:func:`join_slots` over a wave's answers, given in the wave's query order."""
+    index_text, direct, args = "", None, {}
+    for q, a in zip(wave.queries, answers):
+        if q.form == "function_index":
+            index_text = a
+        elif q.form == "direct_call":
+            direct = a
+        else:
+            args[(q.function, q.parameter)] = a
+    return join_slots(tools, index_text, args, direct)
+
+
 def checked_direct_call(tools: Sequence[Any], text: str) -> dict | None:
     """A direct-call answer parsed and checked against ``tools``: unknown tool -> None, invalid or null arguments
     dropped (the same validation :func:`join_slots` applies to slot answers)."""
@@ -382,3 +419,33 @@ def checked_direct_call(tools: Sequence[Any], text: str) -> dict | None:
     args = {p: v for p, v in call["arguments"].items()
             if p in params and v is not None and _finite(v) and schemas.value_matches(v, params[p])}
     return {"name": call["name"], "arguments": args}
+
+
+# ---------------------------------------------------------------- adapter metadata
+
+METADATA_FILE = "sidecar.json"   # next to the adapter: layout version, base, data/metrics summary
+
+
+class LayoutMismatch(ValueError):
+    """The adapter was trained on another prompt layout than this runtime builds."""
+
+
+def layout_metadata() -> dict[str, int]:
+    """The part of ``sidecar.json`` this layout depends on: ``{"layout_version": LAYOUT_VERSION}``."""
+    return {"layout_version": LAYOUT_VERSION}
+
+
+def read_metadata(adapter_dir: str | os.PathLike) -> dict:
+    """The adapter's ``sidecar.json``; raises :class:`LayoutMismatch` unless it records :data:`LAYOUT_VERSION`."""
+    path = Path(adapter_dir) / METADATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{adapter_dir}: no {METADATA_FILE}; is this a sidecar adapter folder "
+                                "(made by `python -m ooospec.pipelines.train_sidecar`)?")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    found = meta.get("layout_version")
+    if found != LAYOUT_VERSION:
+        raise LayoutMismatch(
+            f"{adapter_dir}: the adapter was trained on sidecar prompt layout {found!r}, but this runtime builds "
+            f"layout {LAYOUT_VERSION}; its answers would be meaningless. Retrain it (`dvc repro train_sidecar`) "
+            "or use an ooo-spec release that builds that layout.")
+    return meta

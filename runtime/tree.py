@@ -32,6 +32,13 @@ With a cache of ``L = 2`` entries, ``tree_positions`` is ``[[2, 3, 4, 5, 4]]`` a
 
 A sliding-window layer of window ``W`` additionally hides every key whose position is ``>= W`` before the
 query's position (``pos_q - pos_k >= W``), matching ``transformers.masking_utils.sliding_window_overlay``.
+
+Forests
+-------
+A :class:`Forest` is several branches on ONE shared block, each feeding a tree on top of its own history: one
+forward of the sidecar's wave (every branch answers one slot query; :func:`ooospec.runtime.sidecar.decode_branches`)
+and one packed training sequence (every segment is a chain after the block; :mod:`ooospec.pipelines.packing`).
+:func:`forest_positions` and :func:`forest_visibility` give both the same positions and the same visibility.
 """
 
 from __future__ import annotations
@@ -156,6 +163,8 @@ def ancestor_matrix(tree: DraftTree, device: torch.device | str = "cpu") -> torc
     Pointer jumping: ``max_depth + 1`` vectorised steps, no per-node Python loop.
     """
     n = tree.num_nodes
+    if tree.max_depth == n - 1:   # a chain (parents[i] < i, so only a chain reaches depth n - 1): O(1) ops
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
     parents = torch.tensor(tree.parents, dtype=torch.long, device=device).clamp_min(0)  # root points to itself
     anc = torch.zeros(n, n, dtype=torch.bool, device=device)
     rows = torch.arange(n, device=device)
@@ -164,6 +173,74 @@ def ancestor_matrix(tree: DraftTree, device: torch.device | str = "cpu") -> torc
         anc[rows, cur] = True
         cur = parents[cur]
     return anc
+
+
+@dataclass(frozen=True)
+class Forest:
+    """Branches sharing one block; branch ``b`` feeds ``trees[b]`` on top of the keys ``histories[b]``.
+
+    Keys ``[0, num_shared)`` are the block, at positions ``0 .. num_shared - 1``, and every node sees them. A
+    branch's history is its own earlier entries past the block, at consecutive positions from ``num_shared``, so
+    its tree's root sits at position ``num_shared + len(history)``. The fed nodes are the trees' nodes, branch
+    after branch (``offsets``); each also sees its history and its own root path, nothing of the other branches.
+
+    Worked example: a block of 2 keys, a third key holding branch A's first token, and the feed of A's chain
+    ``[x, y]`` and branch B's lone root ``[z]``: ``Forest(2, (chain_tree([x, y]), chain_tree([z])), ((2,), ()))``
+    has positions ``[3, 4, 2]`` and, with ``num_keys = 3``, the visibility::
+
+                   keys 0 1 2 | fed 0 1 2
+        A's x:          1 1 1 |     1 0 0
+        A's y:          1 1 1 |     1 1 0
+        B's z:          1 1 0 |     0 0 1
+    """
+
+    num_shared: int                           # the block's keys
+    trees: tuple[DraftTree, ...]              # [num_branches] the nodes each branch feeds
+    histories: tuple[tuple[int, ...], ...]    # [num_branches] key indices of each branch's entries past the block
+
+    def __post_init__(self):
+        assert len(self.trees) == len(self.histories), (len(self.trees), len(self.histories))
+
+    @property
+    def offsets(self) -> list[int]:
+        """``[num_branches + 1]``: where each branch's nodes start in the feed (cumulative node counts)."""
+        out = [0]
+        for tree in self.trees:
+            out.append(out[-1] + tree.num_nodes)
+        return out
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(tree.num_nodes for tree in self.trees)
+
+    @property
+    def tokens(self) -> list[int]:
+        """``[num_nodes]`` the fed tokens, branch after branch."""
+        return [t for tree in self.trees for t in tree.tokens]
+
+
+def forest_positions(forest: Forest) -> list[int]:
+    """``[num_nodes]`` position ids of the fed nodes: ``num_shared + len(history) + depth``."""
+    return [forest.num_shared + len(history) + d
+            for tree, history in zip(forest.trees, forest.histories) for d in tree.depths]
+
+
+def forest_visibility(forest: Forest, num_keys: int) -> torch.Tensor:
+    """Bool ``[num_nodes, num_keys + num_nodes]``: which keys and which fed nodes each fed node attends to.
+
+    ``num_keys`` is the number of keys before the fed nodes (a cache's length; the block alone in a packed
+    sequence), at least ``num_shared``; histories index into them. See :class:`Forest` for a literal example.
+    """
+    assert num_keys >= forest.num_shared, (num_keys, forest.num_shared)
+    n = forest.num_nodes
+    visible = torch.zeros(n, num_keys + n, dtype=torch.bool)
+    visible[:, :forest.num_shared] = True
+    for tree, history, start in zip(forest.trees, forest.histories, forest.offsets):
+        assert all(forest.num_shared <= k < num_keys for k in history), "a history key outside [num_shared, num_keys)"
+        rows = slice(start, start + tree.num_nodes)
+        visible[rows, list(history)] = True
+        visible[rows, num_keys + start:num_keys + start + tree.num_nodes] = ancestor_matrix(tree)
+    return visible
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -17,11 +17,12 @@ validation run in a worker thread (:func:`read_request`), so ``/health`` answers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -37,6 +38,33 @@ T = TypeVar("T")
 
 DISCONNECT_POLL_S = 0.05       # how often a running request checks whether its client is still there
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")   # \ud800..\udfff: a pair is fine, a lone one is not text
+
+
+L = TypeVar("L")
+
+
+def override_limits(limits: L, items: Sequence[str]) -> L:
+    """``limits`` (a frozen ``Limits`` dataclass) with ``KEY=VALUE`` overrides, the serve CLIs' ``--limit``.
+
+    Raises ValueError naming the bad item: an unknown key (the message lists the known ones), a value that is not
+    a number of the field's type, or one that is not finite and > 0.
+    """
+    fields = {f.name for f in dataclasses.fields(limits)}
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in fields:
+            raise ValueError(f"--limit {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
+        kind = type(getattr(limits, key))
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ValueError(f"--limit {key}: {raw!r} is not a{'n' if kind is int else ''} {kind.__name__}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--limit {key}: {raw!r} must be finite and > 0")
+        changes[key] = value
+    return dataclasses.replace(limits, **changes)
 
 
 def at_most(value: int, limit: int, what: str, param: str | None = None) -> None:

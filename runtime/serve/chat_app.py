@@ -143,7 +143,8 @@ def usage(turn: ChatTurn) -> dict:
 def turn_stats(turn: ChatTurn, queue_s: float) -> dict:
     r = turn.result
     return {"session": turn.origin, "cached_tokens": turn.cached_tokens, "prefill_s": r.prefill_s,
-            "decode_s": r.decode_s, "n_forwards": r.n_forwards, "stop_reason": r.stop_reason, "queue_s": queue_s}
+            "decode_s": r.decode_s, "n_forwards": r.n_forwards, "stop_reason": r.stop_reason, "queue_s": queue_s,
+            "hints": turn.hints}
 
 
 def _sse(obj: Any) -> str:

@@ -20,7 +20,7 @@ per prompt. Prompts without such a block (or whose split tokenization disagrees 
 prompt, see below) are tokenized whole and still answered exactly, sharing their common token prefix.
 
 Tokenization, and running the same client against vLLM: vLLM tokenizes each full prompt, this server tokenizes
-block and query apart (as training does, :func:`~ooospec.runtime.sidecar.encode_wave`). For the layout-v2
+block and query apart (as training does, :func:`~ooospec.runtime.sidecar_prompts.encode_wave`). For the layout-v2
 prompts (the block ends with ``"\\n"``, the query starts with ``Query:``) the two agree on byte-level BPE
 tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a newline and a
 following letter, and BPE merges never cross a split. The server checks this per request on the first prompt and
@@ -191,8 +191,9 @@ def finish_text(text: str, tokens: Sequence[int], eos_token_ids: Sequence[int],
 def check_wave(groups: Sequence[Group], limits: Limits, *, vocab_size: int, max_draft_nodes: int) -> None:
     """Refuse (400) a tokenized wave whose passes would be too much work, before any forward.
 
-    A pass prefills its block, then runs all its query tokens in one forward, then one draft tree (at most
-    ``1 + max_draft_nodes`` nodes) per distinct answer per forward; each forward keeps ``nodes x vocab`` logits.
+    A pass prefills its block, then runs the block's last token and all its query tokens in one forward, then one
+    draft tree (at most ``1 + max_draft_nodes`` nodes) per distinct answer per forward; each forward keeps
+    ``nodes x vocab`` logits.
     """
     for g in groups:
         for q, i in zip(g.queries, g.members):
@@ -203,7 +204,7 @@ def check_wave(groups: Sequence[Group], limits: Limits, *, vocab_size: int, max_
     at_most(num_query, limits.max_wave_query_tokens, "the wave's query tokens (after the shared block)", "prompt")
     at_most(sum(len(g.block) for g in groups) + num_query, limits.max_wave_tokens, "the wave's prompt tokens",
             "prompt")
-    nodes = max(max(sum(len(q) for q in g.queries), len(g.queries) * (1 + max_draft_nodes)) for g in groups)
+    nodes = max(max(1 + sum(len(q) for q in g.queries), len(g.queries) * (1 + max_draft_nodes)) for g in groups)
     at_most(nodes * vocab_size, limits.max_forward_logits, f"the logits of one forward ({nodes} nodes x "
                                                            f"{vocab_size} vocab)", "prompt")
 

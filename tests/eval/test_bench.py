@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ooospec import cli
-from ooospec.eval import bench, peers
+from ooospec.eval import harness, peers
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
 from ooospec.runtime import hardware
 from ooospec.runtime.formats import detect_format
@@ -77,10 +77,10 @@ def target():
 @pytest.fixture(scope="module")
 def results(target):
     model, tok = target
-    factories, notes = bench.build_methods(["ar", "pld", "toolspec", "hf-pld", "toolspec-fixed"], model, tok,
-                                           eos_token_ids=bench.eos_ids(model, tok), pld_tokens=5)
+    factories, notes = harness.build_methods(["ar", "pld", "toolspec", "hf-pld", "toolspec-fixed"], model, tok,
+                                           eos_token_ids=harness.eos_ids(model, tok), pld_tokens=5)
     assert notes == []
-    return bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+    return harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                            progress=False, roofline=ROOF)
 
 
@@ -142,7 +142,7 @@ def test_examples_in_id_order_and_stop_rule(results):
 
 def test_fixed_method_stays_within_its_budget(results):
     fixed = [t for r in results["examples"] if r["method"] == "toolspec-fixed" for t in r["tree_sizes"]]
-    assert max(fixed) <= bench.FIXED_NODES + 1
+    assert max(fixed) <= harness.FIXED_NODES + 1
     assert results["methods"]["toolspec-fixed"]["exact_rate"] == 1.0
 
 
@@ -204,14 +204,14 @@ def test_cli_with_all_defaults(tmp_path, target, fake_roofline, monkeypatch):
 
 def test_hf_assisted_without_draft_falls_back_and_says_so(target):
     model, tok = target
-    _, notes = bench.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=[258])
+    _, notes = harness.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=[258])
     assert len(notes) == 1 and "fell back to prompt lookup" in notes[0]
 
 
 def test_unknown_method_is_rejected(target):
     model, tok = target
     with pytest.raises(ValueError, match="unknown method.*'magic'"):
-        bench.build_methods(["ar", "magic"], model, tok, eos_token_ids=[258])
+        harness.build_methods(["ar", "magic"], model, tok, eos_token_ids=[258])
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -220,12 +220,12 @@ def test_unknown_method_is_rejected(target):
 def test_load_examples_sorts_limits_and_names_bad_records(tmp_path):
     path = tmp_path / "r.jsonl"
     write_jsonl(path, toy_records())
-    assert [r["id"] for r in bench.load_examples(path, limit=2)] == ["toy/test/a", "toy/test/b"]
+    assert [r["id"] for r in harness.load_examples(path, limit=2)] == ["toy/test/a", "toy/test/b"]
     bad = toy_records()
     bad[1]["calls"] = [call("nope", {})]
     write_jsonl(path, bad)
     with pytest.raises(ValueError, match="toy/test/a.*call_unknown_tool"):
-        bench.load_examples(path)
+        harness.load_examples(path)
 
 
 def test_load_examples_keeps_the_named_ids_then_a_seeded_sample_in_id_order(tmp_path):
@@ -236,17 +236,17 @@ def test_load_examples_keeps_the_named_ids_then_a_seeded_sample_in_id_order(tmp_
     ids = sorted(r["id"] for r in toy_records())
     keep = [i for i in ids if i != recs[1]["id"]]
     write_jsonl(rows, [{"id": f"{i}#0", "record_id": i} for i in keep])
-    assert bench.record_ids_of(rows) == set(keep)
-    assert [r["id"] for r in bench.load_examples(path, ids=set(keep))] == keep
-    one = bench.load_examples(path, ids=set(keep), sample=len(keep) - 1)
+    assert harness.record_ids_of(rows) == set(keep)
+    assert [r["id"] for r in harness.load_examples(path, ids=set(keep))] == keep
+    one = harness.load_examples(path, ids=set(keep), sample=len(keep) - 1)
     assert [r["id"] for r in one] == sorted(r["id"] for r in one) and len(one) == len(keep) - 1
-    assert one == bench.load_examples(path, ids=set(keep), sample=len(keep) - 1)     # seeded
-    assert [r["id"] for r in bench.load_examples(path, ids=set(keep), sample=99)] == keep
+    assert one == harness.load_examples(path, ids=set(keep), sample=len(keep) - 1)     # seeded
+    assert [r["id"] for r in harness.load_examples(path, ids=set(keep), sample=99)] == keep
     with pytest.raises(ValueError, match="--sample"):
-        bench.load_examples(path, ids=set(keep), sample=0)
+        harness.load_examples(path, ids=set(keep), sample=0)
     write_jsonl(rows, [{"id": "x#0"}])
     with pytest.raises(ValueError, match="record_id"):
-        bench.record_ids_of(rows)
+        harness.record_ids_of(rows)
 
 
 # ------------------------------------------------------------------------------------------ summary math
@@ -265,7 +265,7 @@ def test_summary_math_on_hand_made_rows():
         _row("z", "m", 4.0, 3.2, 19, 15, exact=False, exact_hf=False,
              mismatch={"position": 3, "margin": 0.1, "kind": "near_tie"}),
     ]
-    s = bench.summarize(rows)
+    s = harness.summarize(rows)
     m = s["m"]
     assert m["n"] == 3
     assert m["mean_s"] == pytest.approx(6.5 / 3) and m["median_s"] == pytest.approx(2.0)
@@ -280,20 +280,20 @@ def test_summary_math_on_hand_made_rows():
 
 def test_summary_needs_baseline_rows():
     with pytest.raises(ValueError, match="no 'ar' rows"):
-        bench.summarize([_row("x", "m", 1.0, 0.5, 3, 3)])
+        harness.summarize([_row("x", "m", 1.0, 0.5, 3, 3)])
 
 
 def test_mismatch_is_classified_with_ar_margins():
     rows = {"ar": {"tokens": [1, 2, 3]}, "hf-greedy": {"tokens": [1, 2, 3]}, "m": {"tokens": [1, 9, 3]},
             "d": {"tokens": [1, 2, 7]}}
-    bench.compare_rows(rows, ar_margins=[5.0, 0.1, 4.0], tie_tol=0.25)
+    harness.compare_rows(rows, ar_margins=[5.0, 0.1, 4.0], tie_tol=0.25)
     assert rows["ar"]["exact"] and rows["ar"]["mismatch"] is None
     assert rows["m"]["mismatch"] == {"position": 1, "margin": 0.1, "kind": "near_tie"}
     assert rows["d"]["mismatch"]["kind"] == "defect" and rows["d"]["exact_hf"] is False
 
 
 def test_json_safe_replaces_non_finite():
-    assert bench.json_safe({"a": [math.nan, 1.0], "b": math.inf, "c": "x"}) == {"a": [None, 1.0], "b": None,
+    assert harness.json_safe({"a": [math.nan, 1.0], "b": math.inf, "c": "x"}) == {"a": [None, 1.0], "b": None,
                                                                               "c": "x"}
 
 
@@ -320,9 +320,9 @@ def test_forward_counter_counts_and_restores(target):
 
 def test_ooospec_gold_hints_are_exact_used_and_reported(target):
     model, tok = target
-    factories, _ = bench.build_methods(["ar", "toolspec", "ooospec-gold"], model, tok,
-                                       eos_token_ids=bench.eos_ids(model, tok))
-    res = bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+    factories, _ = harness.build_methods(["ar", "toolspec", "ooospec-gold"], model, tok,
+                                       eos_token_ids=harness.eos_ids(model, tok))
+    res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                           progress=False)
     gold = res["methods"]["ooospec-gold"]
     assert gold["exact_rate"] == 1.0 and gold["defects"] == 0
@@ -342,9 +342,9 @@ def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
     model, tok = target
     with StandIn(mode) as server:
         hints = SidecarHints(SidecarClient(server.url, timeout=30.0), DEPLOYMENTS["shared"], 1)
-        factories, _ = bench.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench.eos_ids(model, tok),
+        factories, _ = harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
                                            hints=hints)
-        res = bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+        res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                               progress=False)
     oo = res["methods"]["ooospec"]
     assert oo["exact_rate"] == 1.0
@@ -364,7 +364,29 @@ def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
 def test_ooospec_without_hint_source_is_refused(target):
     model, tok = target
     with pytest.raises(ValueError, match="needs a hint source"):
-        bench.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench.eos_ids(model, tok))
+        harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+
+
+def test_the_hint_flags_become_typed_hint_options():
+    import argparse
+
+    from ooospec.eval import bench
+    from ooospec.eval.ooospec_method import GoldHints
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--target", "t", "--dataset", "d", "--hints", "gold", "--sidecar-deploy", "split",
+                         "--sidecar-adapter", "a", "--dtype", "fp32"])
+    options = bench.hint_options(args)
+    assert options == harness.HintOptions(source="gold", sidecar_adapter="a", sidecar_deploy="split", dtype="fp32")
+    proc, hints = harness.start_hints(options, bench_threads=1)   # gold: no server is started
+    assert proc is None and isinstance(hints, GoldHints)
+    with pytest.raises(ValueError, match="deployment 'nowhere'"):
+        harness.HintOptions(sidecar_deploy="nowhere")
+    # a running sidecar (nothing is contacted until a request), with and without the wave gate
+    for gate in (False, True):
+        proc, hints = harness.start_hints(harness.HintOptions(sidecar_url="http://127.0.0.1:9", sidecar_gate=gate), 1)
+        assert proc is None and hints.name == "sidecar" and (hints.client.gate is not None) == gate
 
 
 # ------------------------------------------------------------------------------------------ warm toolbox
@@ -374,9 +396,9 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
     """--warm-tools: each method starts from the system + tools block (prefilled untimed); same tokens as cold."""
     model, tok = target
     fmt = detect_format(tok)
-    factories, _ = bench.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
-                                       eos_token_ids=bench.eos_ids(model, tok), pld_tokens=5)
-    warm = bench.run_bench(model, tok, toy_records(), factories, fmt=fmt, max_new_tokens=24, progress=False,
+    factories, _ = harness.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
+                                       eos_token_ids=harness.eos_ids(model, tok), pld_tokens=5)
+    warm = harness.run_bench(model, tok, toy_records(), factories, fmt=fmt, max_new_tokens=24, progress=False,
                            warm_tools=True)
     cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
     for row in warm["examples"]:
@@ -392,20 +414,20 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
 
 def test_warm_tools_refuses_a_method_without_a_cache_hook(target):
     model, tok = target
-    factories, _ = bench.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=bench.eos_ids(model, tok),
+    factories, _ = harness.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
                                        assistant=model)
     with pytest.raises(ValueError, match=r"--warm-tools: method\(s\) \['hf-assisted'\]"):
-        bench.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=8,
+        harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=8,
                         progress=False, warm_tools=True)
 
 
 def test_llamacpp_peers_need_a_gguf_and_hf_peers_need_hf(target):
     model, tok = target
     with pytest.raises(ValueError, match="need a GGUF target"):
-        bench.build_methods(["ar", "llama.cpp"], model, tok, eos_token_ids=bench.eos_ids(model, tok))
+        harness.build_methods(["ar", "llama.cpp"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
 
     class FakeLlamaCppTarget:
         backend = "llama.cpp"
 
     with pytest.raises(ValueError, match="need --backend hf"):
-        bench.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")
+        harness.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")

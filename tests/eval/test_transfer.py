@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from ooospec.eval import bench, transfer, transfer_cell
+from ooospec.eval import harness, transfer, transfer_cell
 from ooospec.pipelines.params import from_dict, load_section
 from ooospec.pipelines.records import write_jsonl
 from ooospec.runtime.formats import detect_format
@@ -104,7 +104,7 @@ def test_target_summary_and_metrics(stage):
 
 def test_rerun_of_a_complete_cell_measures_nothing(stage, monkeypatch):
     out, params, results = stage
-    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("a complete cell was measured again"))
+    monkeypatch.setattr(harness, "run_bench", lambda *a, **k: pytest.fail("a complete cell was measured again"))
     monkeypatch.setattr("ooospec.runtime.models.load_target", lambda *a, **k: pytest.fail("target loaded"))
     again = transfer.run(params, out / "data", out / "report2", out / "metrics2.json")
     assert again["cells"][0]["examples"] == results["cells"][0]["examples"]
@@ -124,7 +124,7 @@ def _cell_inputs(tiny_target, limit):
 
 def _measure(model, tok, fmt, fail_on: str | None = None):
     def measure(todo, on_example):
-        factories, _ = bench.build_methods(["toolspec"], model, tok, eos_token_ids=bench.eos_ids(model, tok))
+        factories, _ = harness.build_methods(["toolspec"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
         if fail_on is not None:
             inner = factories["toolspec"]
 
@@ -137,7 +137,7 @@ def _measure(model, tok, fmt, fail_on: str | None = None):
                     return fn(prompt, ctx)
                 return run
             factories["toolspec"] = crashing
-        return bench.run_bench(model, tok, todo, factories, fmt=fmt, max_new_tokens=12, progress=False,
+        return harness.run_bench(model, tok, todo, factories, fmt=fmt, max_new_tokens=12, progress=False,
                                on_example=on_example)
     return measure
 

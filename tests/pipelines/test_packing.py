@@ -6,7 +6,14 @@ import pytest
 import torch
 from sidecar_tiny import byte_tokenizer, tiny_llama
 
-from ooospec.pipelines.packing import IGNORE, PackedCollator, pack_request, pack_rows, segment_visibility
+from ooospec.pipelines.packing import (
+    IGNORE,
+    PackedCollator,
+    pack_request,
+    pack_rows,
+    packed_forest,
+    segment_visibility,
+)
 
 BLOCK = "Conversation:\nuser: weather in Paris?\nTools:\n[0] w - weather\n  city (string, required)\n"
 
@@ -44,6 +51,27 @@ def test_visibility_is_block_plus_own_segment_and_padding_sees_itself():
                  [1, 1, 1, 1, 0, 0],
                  [1, 1, 0, 0, 1, 0],
                  [0, 0, 0, 0, 0, 1]]
+
+
+def test_a_packed_sequence_is_the_waves_forest():
+    """Segments are chains after the shared block: the positions and visibility the wave's branches get."""
+    forest = packed_forest([0, 0, 1, 1, 1, 2, 2, 2])
+    assert forest.num_shared == 2 and [t.num_nodes for t in forest.trees] == [3, 3]
+    assert forest.histories == ((), ())
+    tok = byte_tokenizer()
+    row = {"id": "x", "block": "ab", "slots": [{"form": "argument", "query": "q", "answer": "a"},
+                                               {"form": "argument", "query": "r", "answer": "c"}]}
+    (seq,), _ = pack_request(tok, row, max_len=100)
+    v = segment_visibility(torch.tensor([seq["segment_ids"]]), torch.ones(1, 8, dtype=torch.bool))[0]
+    assert seq["position_ids"] == [0, 1, 2, 3, 4, 2, 3, 4]
+    assert v.int().tolist() == [[1, 0, 0, 0, 0, 0, 0, 0],
+                                [1, 1, 0, 0, 0, 0, 0, 0],
+                                [1, 1, 1, 0, 0, 0, 0, 0],
+                                [1, 1, 1, 1, 0, 0, 0, 0],
+                                [1, 1, 1, 1, 1, 0, 0, 0],
+                                [1, 1, 0, 0, 0, 1, 0, 0],
+                                [1, 1, 0, 0, 0, 1, 1, 0],
+                                [1, 1, 0, 0, 0, 1, 1, 1]]
 
 
 def test_long_requests_split_into_whole_segments_and_hopeless_slots_are_dropped():

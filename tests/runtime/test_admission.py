@@ -288,3 +288,27 @@ def test_half_sent_slow_and_idle_connections(sidecar_server, chat_server, caplog
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
     aborted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("aborted")]
     assert len(aborted) == 4 and sum("499" in m for m in aborted) == 2, aborted
+
+
+def test_limits_are_overridden_from_the_command_line():
+    from ooospec.runtime.serve import chat_app, sidecar_app
+    from ooospec.runtime.serve.admission import override_limits
+
+    limits = override_limits(sidecar_app.Limits(), ["max_prompts=256", "body-timeout-s=2.5"])
+    assert (limits.max_prompts, limits.body_timeout_s) == (256, 2.5)
+    assert limits.max_tokens == sidecar_app.Limits().max_tokens
+    assert override_limits(chat_app.Limits(), []) == chat_app.Limits()
+    for item, message in [("max_prompt=3", "KEY one of .*max_prompts"), ("max_prompts", "expected KEY=VALUE"),
+                          ("max_prompts=1.5", "'1.5' is not an int"), ("body_timeout_s=nan", "finite and > 0"),
+                          ("max_tokens=0", "finite and > 0")]:
+        with pytest.raises(ValueError, match=message):
+            override_limits(sidecar_app.Limits(), [item])
+
+
+def test_the_serve_clis_refuse_a_bad_limit_before_loading_anything():
+    from ooospec import cli
+
+    with pytest.raises(SystemExit, match="--limit 'max_tokenz=1': expected KEY=VALUE"):
+        cli.main(["serve", "--target", "nowhere", "--limit", "max_tokenz=1"])
+    with pytest.raises(SystemExit, match="--limit max_prompts: 'x' is not an int"):
+        cli.main(["sidecar", "serve", "--limit", "max_prompts=x"])

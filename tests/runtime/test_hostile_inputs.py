@@ -13,7 +13,7 @@ import time
 import pytest
 from toy_bpe import toy_bpe
 
-from ooospec.eval import bench
+from ooospec.eval import harness
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
 from ooospec.runtime import sidecar_prompts as sp
@@ -196,7 +196,7 @@ def test_deep_record_line_names_file_and_line(tmp_path):
     path = tmp_path / "deep.jsonl"
     path.write_text(json.dumps(record()) + "\n" + '{"id": ' + "[" * 100_000 + "\n")
     with pytest.raises(ValueError, match=r"deep\.jsonl:2: malformed_record: JSON nests too deep"):
-        bench.load_examples(path)
+        harness.load_examples(path)
     deep_args = record(args={"city": "Paris", "x": json.loads("[" * 200 + "]" * 200)})
     assert R.validate_record(deep_args) == (
         R.MALFORMED_RECORD, "calls[0] 'get_weather': arguments nests deeper than 64 levels")
@@ -251,7 +251,7 @@ def test_line_numbers_count_blank_lines(tmp_path):
     bad = record("toy/test/b", calls=[R.call("nope", {})])
     write_lines(path, [json.dumps(record()), "", "", "  ", "", json.dumps(bad)])
     with pytest.raises(ValueError, match=r"r\.jsonl:6: record 'toy/test/b': call_unknown_tool: calls\[0\]: call 'nope' not in tools"):
-        bench.load_examples(path)
+        harness.load_examples(path)
 
 
 @pytest.mark.parametrize("line,message", [
@@ -266,7 +266,7 @@ def test_bad_lines_raise_value_error_with_file_and_line(tmp_path, line, message)
     path = tmp_path / "r.jsonl"
     write_lines(path, [json.dumps(record()), line])
     with pytest.raises(ValueError, match=r"r\.jsonl" + message):
-        bench.load_examples(path)
+        harness.load_examples(path)
 
 
 @pytest.mark.parametrize("field,value,detail", [
@@ -283,14 +283,14 @@ def test_wrong_typed_fields_are_named(tmp_path, field, value, detail):
     write_lines(path, [json.dumps(record("toy/test/b")), json.dumps(record(**{field: value}))])
     with pytest.raises(ValueError, match=r"r\.jsonl:2: .*" + detail.replace("[", r"\[").replace("]", r"\]")
                        .replace("{", r"\{").replace("}", r"\}")):
-        bench.load_examples(path)
+        harness.load_examples(path)
 
 
 def test_mixed_id_types_do_not_crash_the_sort(tmp_path):
     path = tmp_path / "r.jsonl"
     write_lines(path, [json.dumps(record("toy/test/a")), json.dumps(record(1))])
     with pytest.raises(ValueError, match=r"r\.jsonl:2: malformed_record: id: expected a non-empty string, got a number"):
-        bench.load_examples(path)
+        harness.load_examples(path)
 
 
 def test_validate_record_never_raises_on_non_objects():

@@ -173,7 +173,7 @@ def test_errors_are_clear(tmp_path, targets):
 def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
     """The bench with a llama.cpp target: llama.cpp greedy is the reference, every method is exact, the
     'vs llama.cpp' column is filled, cold and warm toolbox alike."""
-    from ooospec.eval import bench
+    from ooospec.eval import harness
     from ooospec.runtime.formats import detect_format
     from tests.eval.test_bench import byte_tokenizer, toy_records
 
@@ -181,11 +181,11 @@ def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
     gguf = make_tiny_gguf(tmp_path / "bench.gguf", vocab=320, head_scale=8.0, seed=3)
     target = LlamaCppTarget(gguf, threads=1, n_ctx=1024, max_leaves=32)
     try:
-        factories, _ = bench.build_methods(["ar", "toolspec", "llama.cpp", "llama.cpp-pld"], target, tok,
-                                           eos_token_ids=bench.eos_ids(target, tok), gguf=gguf, threads=1)
+        factories, _ = harness.build_methods(["ar", "toolspec", "llama.cpp", "llama.cpp-pld"], target, tok,
+                                           eos_token_ids=harness.eos_ids(target, tok), gguf=gguf, threads=1)
         assert list(factories) == ["ar", "llama.cpp", "toolspec", "llama.cpp-pld"]
         for warm in (False, True):
-            res = bench.run_bench(target, tok, toy_records(), factories, fmt=detect_format(tok),
+            res = harness.run_bench(target, tok, toy_records(), factories, fmt=detect_format(tok),
                                   max_new_tokens=20, progress=False, warm_tools=warm)
             for name, summary in res["methods"].items():
                 assert summary["exact_rate"] == 1.0 and summary["exact_hf_rate"] == 1.0, (warm, name)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ooospec.eval import agent_bench, bench
+from ooospec.eval import agent_bench, harness
 from ooospec.runtime import methods
 from ooospec.runtime.chat import ChatModel
 from ooospec.runtime.formats import detect_format
@@ -29,9 +29,9 @@ def test_every_cli_reads_its_choices_from_the_registry():
     assert methods.SERVED == ("ar", "toolspec", "ooospec")
     assert _choices(serve_cli.add_arguments, "--method") == methods.SERVED
     assert _choices(agent_bench.add_arguments, "--method") == methods.SERVED
-    assert bench.KNOWN_METHODS == tuple(methods.REGISTRY)
-    assert set(bench.ENGINE_METHODS) | set(bench.PEER_METHODS) == set(methods.REGISTRY)
-    assert bench.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
+    assert harness.KNOWN_METHODS == tuple(methods.REGISTRY)
+    assert set(harness.ENGINE_METHODS) | set(harness.PEER_METHODS) == set(methods.REGISTRY)
+    assert harness.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
     with pytest.raises(ValueError, match="unknown method 'pld'; known: ar, toolspec, ooospec"):
         methods.get_method("pld", served=True)
     with pytest.raises(ValueError, match="unknown method"):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.sidecar import LayoutMismatch, decode_branches, join_answers, read_metadata
+from ooospec.runtime.sidecar import decode_branches
+from ooospec.runtime.sidecar_prompts import LayoutMismatch, join_answers, read_metadata
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB
 
 
@@ -115,6 +116,40 @@ def test_drafts_change_forwards_never_answers(make_model, family, seed):
         assert answer == _greedy_alone(model, block + q, 10, eos)
     assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]
     assert stats["n_forwards"] <= plain_stats["n_forwards"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_per_branch_adversarial_drafts_leave_each_answer_greedy_alone(make_model, family, seed):
+    """Each branch is drafted the OTHER branches' answers (accepted only if branches saw each other), its own
+    answer shifted by one, EOS at once, the block's tail, and its true answer running past the cap; queries are
+    prefixes of one another. Every answer stays greedy decoding of its own prompt (float64)."""
+    model = make_model(family)
+    rng = random.Random(seed)
+    block = [rng.randrange(VOCAB) for _ in range(SLIDING_WINDOW + 2)]
+    base = [rng.randrange(VOCAB) for _ in range(3)]
+    queries = [base, base[:2], base + [rng.randrange(VOCAB)], [rng.randrange(VOCAB)], base[:1], base[:2]]
+    eos = {rng.randrange(VOCAB) for _ in range(20)}
+    stop = min(eos)
+    expected = [_greedy_alone(model, block + q, 12, eos) for q in queries]
+
+    def adversary(i: int, generated):
+        assert generated == expected[i][:len(generated)]           # the branch so far is its own greedy answer
+        own = expected[i][len(generated):]
+        others = [e[len(generated):][:3] for e in expected if e != expected[i]]
+        return others[:1] + [own + [stop] * 20] + others[1:] + [own[1:], [stop], block[-4:]]
+
+    got, stats = decode_branches(model, block, queries, max_new_tokens=12, eos_token_ids=eos,
+                                 propose=adversary, max_draft_nodes=10)
+    assert got == expected
+    assert got[1] == got[5] and stats["query_tokens"] == 5      # the duplicate shares a branch, prefixes share nodes
+    assert stats["drafted"] > stats["accepted"] > 0
+
+
+def test_a_one_token_block_is_the_root_of_the_query_tree(make_model):
+    model = make_model("llama")
+    got, stats = decode_branches(model, [5], [[6], [6, 7], [8]], max_new_tokens=6)
+    assert got == [_greedy_alone(model, [5] + q, 6, set()) for q in ([6], [6, 7], [8])]
+    assert stats["block_tokens"] == 1 and stats["query_tokens"] == 3
 
 
 def test_an_oracle_draft_finishes_the_wave_in_two_forwards(make_model):

@@ -1,4 +1,9 @@
-"""The sidecar prompt builder: literal views, the wave's query set, answer parsing and joining."""
+"""The sidecar's contract: literal views, the wave's query set, tokenization, answer parsing and joining, metadata;
+and that it (and the client built on it) imports without torch."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -140,3 +145,31 @@ def test_join_slots_validates_values_against_the_schema_and_rejects_nan():
         sp.parse_argument_value("[" * 100_000)
     direct = '{"name":"get_time","arguments":{"tz":"UTC","bogus":1}}'
     assert sp.join_slots(TOOLS, "1", {}, direct)["direct_call"] == {"name": "get_time", "arguments": {"tz": "UTC"}}
+
+
+@pytest.mark.parametrize("module", ["ooospec.runtime.sidecar_prompts", "ooospec.runtime.sidecar_client"])
+def test_the_contract_and_the_client_import_without_torch(module):
+    code = f"import sys; import {module}; assert 'torch' not in sys.modules, 'torch was imported'"
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_encode_wave_tokenizes_block_and_queries_apart():
+    def char_tokenizer(texts, add_special_tokens=False):   # one id per character, a BOS when asked
+        bos = [1] if add_special_tokens else []
+        ids = [bos + [ord(c) for c in t] for t in ([texts] if isinstance(texts, str) else texts)]
+        return {"input_ids": ids[0] if isinstance(texts, str) else ids}
+
+    wave = sp.build_wave(MESSAGES, TOOLS)
+    block, queries = sp.encode_wave(char_tokenizer, wave)
+    assert block == [ord(c) for c in wave.block]             # no special tokens
+    assert [block + q for q in queries] == [[ord(c) for c in p] for p in wave.prompts()]
+    assert sp.encode_wave(char_tokenizer, sp.Wave("b\n", ())) == ([ord("b"), ord("\n")], [])
+
+
+def test_metadata_records_the_layout_and_refuses_another(tmp_path):
+    (tmp_path / sp.METADATA_FILE).write_text(json.dumps({**sp.layout_metadata(), "base": "b"}))
+    assert sp.read_metadata(tmp_path) == {"layout_version": sp.LAYOUT_VERSION, "base": "b"}
+    (tmp_path / sp.METADATA_FILE).write_text(json.dumps({"base": "b"}))
+    with pytest.raises(sp.LayoutMismatch, match="layout None"):
+        sp.read_metadata(tmp_path)

@@ -23,8 +23,9 @@ from ooospec.runtime.serve.sidecar_app import (
     split_shared_block,
     tokenize_prompts,
 )
-from ooospec.runtime.sidecar import Sidecar, join_answers
+from ooospec.runtime.sidecar import Sidecar
 from ooospec.runtime.sidecar_client import SidecarClient
+from ooospec.runtime.sidecar_prompts import join_answers
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import running_app

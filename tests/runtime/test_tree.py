@@ -3,10 +3,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ooospec.runtime.tree import (
+    Forest,
     ancestor_matrix,
     build_tree,
     causal_mask,
     chain_tree,
+    forest_positions,
+    forest_visibility,
     tree_mask,
     tree_positions,
 )
@@ -67,6 +70,27 @@ def test_causal_mask_equals_chain_tree_mask():
         chain = chain_tree(list(range(7)))
         assert torch.equal(causal_mask(7, 4, sliding_window=window), tree_mask(chain, 4, sliding_window=window))
     assert causal_mask(3, 0).shape == (1, 1, 3, 3)
+
+
+def test_forest_docstring_example():
+    forest = Forest(2, (chain_tree([7, 8]), chain_tree([9])), ((2,), ()))
+    assert forest.tokens == [7, 8, 9] and forest.offsets == [0, 2, 3] and forest.num_nodes == 3
+    assert forest_positions(forest) == [3, 4, 2]
+    assert forest_visibility(forest, num_keys=3).int().tolist() == [
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 0, 1]]
+
+
+def test_forest_of_branching_trees_on_histories():
+    """Block of 1 key; branch A (keys 1, 3) feeds root 9 -> {7, 5}; branch B (key 2) feeds a lone root."""
+    forest = Forest(1, (build_tree(9, [[7], [5]], max_nodes=2), chain_tree([4])), ((1, 3), (2,)))
+    assert forest_positions(forest) == [3, 4, 4, 2]
+    assert forest_visibility(forest, num_keys=4).int().tolist() == [
+        [1, 1, 0, 1, 1, 0, 0, 0],
+        [1, 1, 0, 1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 1, 0, 1, 0],
+        [1, 0, 1, 0, 0, 0, 0, 1]]
 
 
 candidates = st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=8)

@@ -1,0 +1,487 @@
+"""The wave gate: send a request's sidecar wave only when the target time its hints save exceeds what it costs.
+
+A wave (:func:`~ooospec.runtime.sidecar_prompts.build_wave`) is not free: the sidecar prefills a ~350-token block
+and decodes ~5 forwards, and when it shares cores with the target every second of that compute slows the target's
+own forwards. On two shared CPU cores a full wave costs more than its hints save. So, per request, the gate
+weighs three options -- ``skip`` (no wave), ``index`` (the function-index query only) and ``slots`` (the index plus
+the argument slots whose value the target does not usually copy verbatim from the request, which prompt lookup
+drafts anyway) -- and takes the one with the largest expected net saving (``skip``'s is 0; ties go to the cheaper)::
+
+    latency(o)  = latency_factor * compute(o)                       when the bank is ready, from arrival
+    compute(o)  = prefill_per_token * (block + query tokens)        the sidecar's seconds for option o
+                + forwards(o) * (decode_forward + decode_per_query * num_queries)
+    before(o)   = max(0, latency(o) - target_prefill) / target_token_s      call tokens committed before ready
+    saving(o)   = accept_rate(o) * max(0, call_tokens - before(o)) * marginal * step_s
+    cost(o)     = interference * compute(o) + client_s
+    choose argmax over o of saving(o) - cost(o), with skip = 0
+
+``accept_rate(o)``: hint tokens accepted per call token generated after the bank was ready (HintDrafter stats),
+per option kind, per tool set shrunk toward the across-tool-sets estimate; ``call_tokens``: the expected call
+length for this tool set; ``step_s``: the target's seconds per decode step on this machine (``T(1)`` of its
+:class:`~ooospec.runtime.cost_model.ForwardCost` when given, else measured steps); ``marginal``: target forwards a
+hint-accepted token saves (most tokens a hint proposes, the schema FSM and prompt lookup propose as well);
+``interference``: target seconds lost per second of sidecar compute (0 when the sidecar has its own cores or
+accelerator, ~1 when it shares them). Every quantity but ``marginal`` is learnt online (:meth:`WaveGate.observe`)
+from each finished request -- the target's timings, the HintDrafter stats, the server's wave timings (``prefill_s``,
+``decode_s``, ``n_forwards``, ``block_tokens``) and the target's slowdown while the wave ran
+(:func:`interference_sample`) -- as running sums started from a calibrated prior (:data:`PRIORS`, worth
+``prior_weight`` requests).
+
+Worked example (the ``shared`` prior; a 350-token block, 9 queries, step_s 0.19 s, 55-token calls)::
+
+    compute(slots) = 0.0011 * 380 + 5 * (0.045 + 0.003 * 9) = 0.78 s;  cost = 1.0 * 0.78 + 0.005 = 0.79 s
+    saving(slots)  = 0.2 * 55 * 0.1 * 0.19 = 0.21 s   (the bank is ready before the target's 1 s prefill ends)
+    -> skip.   With the ``split`` prior (interference 0.05): cost = 0.044 s -> slots.
+
+:func:`decide` and the estimate functions are pure; :class:`WaveGate` holds the online sums (thread-safe) and
+logs each decision (:class:`WaveDecision`, ``to_dict()`` is what the bench rows and the chat turn stats carry).
+The gate changes only which hints exist; output stays the target's greedy output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from ooospec.runtime import sidecar_prompts as sp
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["skip", "index", "slots"]
+KINDS: tuple[Kind, ...] = ("skip", "index", "slots")
+VERBATIM_THRESHOLD = 0.5    # a slot whose value the request held verbatim this often is left to prompt lookup
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """The point estimates one decision uses (see the module docstring for each symbol). Seconds unless named."""
+
+    interference: float          # target seconds lost per second of sidecar compute
+    latency_factor: float        # wave latency (client-seen) / sidecar compute
+    prefill_per_token: float     # sidecar prefill per block + query token
+    decode_forward: float        # sidecar decode forward, fixed part
+    decode_per_query: float      # + per query branch in that forward
+    forwards: Mapping[str, float]     # kind -> sidecar decode forwards of a wave of that kind
+    accept_rate: Mapping[str, float]  # kind -> hint tokens accepted per call token after the bank is ready
+    marginal: float              # target forwards saved per hint-accepted token
+    step_s: float                # target seconds per decode step
+    call_tokens: float           # expected tokens in the target's call
+    target_prefill: float        # target prefill seconds
+    target_token_s: float        # target decode seconds per committed token
+    client_s: float              # the target process's own sidecar work (wave texts, join, views, tokenize)
+    chars_per_token: float       # sidecar tokens of the block = chars / this
+
+
+# Calibrated on data/transfer-full/cells/qwen2.5-coder-{0.5b,1.5b}/apibank-l1.json (2 shared Xeon cores, bf16,
+# shared deployment): server prefill 0.37 s for 372 tokens, decode 0.36 s for 5 forwards of 9 branches;
+# ooospec - toolspec + hint savings = 0.88-0.95 x the wave's compute (interference); gold hints at time zero save
+# 0.53 s for 28.5 hint-accepted tokens at T(1) = 0.19 s (marginal ~0.1); real hints were accepted at 0.21-0.23 per
+# call token after the bank was ready.
+_SHARED = Estimates(
+    interference=1.0, latency_factor=1.05, prefill_per_token=0.0011, decode_forward=0.045, decode_per_query=0.003,
+    forwards={"index": 2.0, "slots": 5.0}, accept_rate={"index": 0.05, "slots": 0.2}, marginal=0.1, step_s=0.19,
+    call_tokens=55.0, target_prefill=1.0, target_token_s=0.1, client_s=0.005, chars_per_token=3.0)
+
+PRIORS: dict[str, Estimates] = {
+    "shared": _SHARED,                                        # sidecar and target on the same cores: skip
+    "wave-first": replace(_SHARED, target_prefill=0.0),       # the target waits for the wave: all of it is cost
+    "split": replace(_SHARED, interference=0.05),             # the sidecar on a core of its own: send
+    "remote": replace(_SHARED, interference=0.0, prefill_per_token=0.0002, decode_forward=0.015,
+                      decode_per_query=0.0002),               # another machine / an idle accelerator: send
+}
+
+
+# ------------------------------------------------------------------------------------------ pure estimates
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to serve a request's hints: a wave of these queries (none for ``skip``)."""
+
+    kind: Kind
+    queries: tuple[sp.SlotQuery, ...]
+    block_chars: int
+
+
+def wave_compute_s(option: Option, est: Estimates) -> float:
+    """The sidecar's seconds for ``option``: prefill of block + query tokens, then its decode forwards."""
+    if option.kind == "skip":
+        return 0.0
+    tokens = (option.block_chars + sum(len(q.text) for q in option.queries)) / est.chars_per_token
+    forward = est.decode_forward + est.decode_per_query * len(option.queries)
+    return est.prefill_per_token * tokens + est.forwards[option.kind] * forward
+
+
+def expected_saving_s(option: Option, est: Estimates) -> float:
+    """Target seconds the option's hints are expected to save (0 for ``skip``)."""
+    if option.kind == "skip":
+        return 0.0
+    latency = est.latency_factor * wave_compute_s(option, est)
+    before = max(0.0, latency - est.target_prefill) / max(est.target_token_s, 1e-6)
+    accepted = est.accept_rate[option.kind] * max(0.0, est.call_tokens - before)
+    return accepted * est.marginal * est.step_s
+
+
+def expected_cost_s(option: Option, est: Estimates) -> float:
+    """Target seconds the option costs: the slowdown its compute inflicts, plus the target's own sidecar work."""
+    if option.kind == "skip":
+        return 0.0
+    return est.interference * wave_compute_s(option, est) + est.client_s
+
+
+@dataclass(frozen=True)
+class WaveDecision:
+    """One request's decision and the estimate behind it (``to_dict()`` is the logged record)."""
+
+    kind: Kind
+    saving_s: float                      # expected target seconds saved by the chosen option
+    cost_s: float                        # expected target seconds it costs
+    queries: tuple[str, ...]             # what is asked: "index", "<tool>.<param>"
+    dropped: tuple[str, ...]             # argument slots left to prompt lookup (value usually verbatim)
+    options: Mapping[str, tuple[float, float]]   # kind -> (saving_s, cost_s) of every option weighed
+    key: str                             # the tool set the stats are kept for
+    probe: bool = False                  # sent to measure although the estimate said skip
+    wave: sp.Wave | None = field(default=None, compare=False, repr=False)   # the wave to send (None: skip)
+
+    def to_dict(self) -> dict:
+        return {"decision": self.kind, "expected_saving_s": round(self.saving_s, 4),
+                "expected_cost_s": round(self.cost_s, 4), "queries": list(self.queries),
+                "num_queries": len(self.queries), "dropped_verbatim": list(self.dropped),
+                "options": {k: [round(s, 4), round(c, 4)] for k, (s, c) in self.options.items()},
+                "probe": self.probe}
+
+
+def query_name(q: sp.SlotQuery) -> str:
+    return "index" if q.form == "function_index" else "call" if q.form == "direct_call" else f"{q.function}.{q.parameter}"
+
+
+def verbatim_prior(schema: Any) -> float:
+    """P(a slot's value is in the request verbatim) before evidence: an enum's values are in the prompt's tools
+    block, so prompt lookup copies them (0.9); anything else 0.3 (asked until the target shows otherwise)."""
+    return 0.9 if isinstance(schema, Mapping) and "enum" in schema else 0.3
+
+
+def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
+           verbatim: Mapping[tuple[str, str], tuple[float, float]] | None = None, key: str = "",
+           probe: bool = False) -> WaveDecision:
+    """Weigh skip / index / slots for ``wave`` (the request's full wave) and pick the best net saving.
+
+    Args:
+        wave: :func:`~ooospec.runtime.sidecar_prompts.build_wave` of the request.
+        tools: the request's tools (for the verbatim priors of slots without evidence).
+        est: the estimates for this request's tool set.
+        verbatim: ``(tool, parameter) -> (times its value was in the request verbatim, times seen)`` so far;
+            the rate is ``(found + 2 * prior) / (seen + 2)`` with :func:`verbatim_prior` of the slot's schema.
+        key: the tool set (:func:`tools_key`), recorded in the decision.
+        probe: send anyway: the best option other than skip (its estimate is still what is logged).
+    Returns:
+        the decision; its ``wave`` is the subset to send (None for skip).
+    """
+    schemas_of = {(sp.tool_name(t), p): s for t in tools for p, s in sp.tool_parameters(t).items()}
+    index = tuple(q for q in wave.queries if q.form == "function_index")
+    kept, dropped = [], []
+    for q in wave.queries:
+        if q.form != "argument":
+            continue
+        found, seen = (verbatim or {}).get((q.function, q.parameter), (0.0, 0.0))
+        p = (found + 2.0 * verbatim_prior(schemas_of.get((q.function, q.parameter)))) / (seen + 2.0)
+        (dropped if p >= VERBATIM_THRESHOLD else kept).append(q)
+    options = [Option("skip", (), 0), Option("index", index, len(wave.block)),
+               Option("slots", index + tuple(kept), len(wave.block))]
+    if not kept:
+        options.pop()            # slots would be the index wave again
+    scored = {o.kind: (expected_saving_s(o, est), expected_cost_s(o, est)) for o in options}
+    candidates = options[1:] if probe else options
+    best = max(candidates, key=lambda o: (scored[o.kind][0] - scored[o.kind][1], -KINDS.index(o.kind)))
+    saving, cost = scored[best.kind]
+    return WaveDecision(best.kind, saving, cost, tuple(query_name(q) for q in best.queries),
+                        tuple(query_name(q) for q in dropped) if best.kind == "slots" else (), scored, key,
+                        probe=probe, wave=None if best.kind == "skip" else sp.Wave(wave.block, best.queries))
+
+
+def tools_key(tools: Sequence[Any]) -> str:
+    """A short id of a tool set (its sorted tool names): the stats are kept per target (one gate) and tool set."""
+    names = sorted(str(sp.tool_name(t)) for t in tools)
+    return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------------ measurements
+
+
+@dataclass(frozen=True)
+class WaveOutcome:
+    """What one finished request tells the gate (see :func:`outcome_of`)."""
+
+    key: str
+    kind: Kind
+    call_tokens: int                 # tokens the target generated
+    tokens_after_ready: int          # of which committed at or after the step that found the bank (0: never)
+    accepted_hint_tokens: int
+    target_prefill_s: float
+    target_decode_s: float
+    idle_step_s: tuple[float, ...]   # seconds of the decode steps that ran with no wave in flight
+    client_s: float = 0.0            # the target process's sidecar work
+    server: Mapping[str, Any] = field(default_factory=dict)   # the server's wave timings ({} when none came)
+    wave_s: float | None = None      # client-seen latency of the wave
+    num_queries: int = 0
+    block_chars: int = 0
+    query_chars: int = 0
+    interference: tuple[float, float] | None = None   # (target seconds lost, sidecar compute seconds overlapped)
+    verbatim: tuple[tuple[str, str, bool], ...] = ()  # (tool, parameter, value in the request verbatim)
+
+
+def verbatim_slots(calls: Sequence[Mapping], messages: Sequence[Any]) -> tuple[tuple[str, str, bool], ...]:
+    """For each argument of ``calls`` (what the target wrote): whether its value's text occurs in the request.
+
+    A string value is looked up as is, any other as compact JSON: ``{"city": "Paris"}`` after "Weather in Paris?"
+    gives ``(("get_weather", "city", True),)``.
+    """
+    text = "\n".join(str(m.get("content") or "") for m in messages if isinstance(m, Mapping))
+    out = []
+    for call in calls:
+        args = call.get("arguments")
+        if not isinstance(args, Mapping):
+            continue
+        for p, v in args.items():
+            needle = v if isinstance(v, str) else sp.compact_json(v) if v is not None else ""
+            out.append((str(call.get("name")), str(p), bool(needle) and needle in text))
+    return tuple(out)
+
+
+def interference_sample(segments: Sequence[tuple[float, float, float]], window: tuple[float, float],
+                        compute_s: float) -> tuple[float, float] | None:
+    """``(target seconds lost, sidecar compute seconds overlapped)`` while a wave was in flight, or None.
+
+    Args:
+        segments: the target's work as ``(start, actual seconds, expected idle seconds)`` from arrival (its
+            prefill and decode steps; an expected value < 0 = unknown, skipped).
+        window: ``(sent, response)`` of the wave, seconds from arrival.
+        compute_s: the server's compute for the wave (prefill + decode), spread evenly over the window.
+
+    Each segment counts with the fraction of it inside the window: ``lost = sum f * (actual - expected)``,
+    ``overlapped = compute_s * (covered time / window length)``. ``[(0, 1.5, 1.0)]`` under a wave ``(0, 1)``
+    that computed 0.8 s: f = 2/3, lost 1/3 s, overlapped 0.8 s.
+    """
+    lo, hi = window
+    if hi <= lo or compute_s <= 0:
+        return None
+    lost = covered = 0.0
+    for start, actual, expected in segments:
+        if expected < 0 or actual <= 0:
+            continue
+        inside = max(0.0, min(hi, start + actual) - max(lo, start))
+        if inside > 0:
+            lost += inside / actual * (actual - expected)
+            covered += inside
+    if covered <= 0:
+        return None
+    return lost, compute_s * min(1.0, covered / (hi - lo))
+
+
+# ------------------------------------------------------------------------------------------ the online gate
+
+
+class _Mean:
+    """A running ratio ``(num + w * prior) / (den + w)`` whose sums fade past ``max_den``."""
+
+    __slots__ = ("den", "num")
+
+    def __init__(self):
+        self.num = self.den = 0.0
+
+    def add(self, num: float, den: float, max_den: float) -> None:
+        self.num += num
+        self.den += den
+        if self.den > max_den:
+            self.num, self.den = self.num * max_den / self.den, max_den
+
+    def value(self, prior: float, weight: float) -> float:
+        return (self.num + weight * prior) / (self.den + weight)
+
+
+class WaveGate:
+    """Online estimates for one target and deployment, and the decision per request (thread-safe).
+
+    Args:
+        prior: the deployment's :class:`Estimates` (:data:`PRIORS`).
+        cost: the target's :class:`~ooospec.runtime.cost_model.ForwardCost`; ``T(1)`` becomes ``step_s`` and the
+            prior's; None = learn ``step_s`` from the measured steps alone.
+        prior_weight: how many requests' worth of evidence the prior is.
+        probe_every: send the best non-skip option every N-th request even when skip wins (0 = never), so a
+            skipping gate still measures the sidecar; deterministic (a counter).
+        max_requests: evidence older than this many requests fades.
+    """
+
+    def __init__(self, prior: Estimates, *, cost=None, prior_weight: float = 4.0, probe_every: int = 0,
+                 max_requests: float = 200.0):
+        if prior_weight <= 0 or probe_every < 0 or max_requests <= 0:
+            raise ValueError(f"need prior_weight > 0, probe_every >= 0, max_requests > 0, got {prior_weight}, "
+                             f"{probe_every}, {max_requests}")
+        self.prior = prior if cost is None else replace(prior, step_s=cost.seconds(1))
+        self.prior_weight, self.probe_every, self.max_requests = prior_weight, probe_every, max_requests
+        self._lock = threading.Lock()
+        self._m: dict[str, _Mean] = {}                          # global ratios, by name
+        self._key: dict[tuple[str, str], _Mean] = {}            # (tool set, name) ratios
+        self._verbatim: dict[tuple[str, str], _Mean] = {}       # (tool, parameter) -> verbatim rate
+        self.num_requests = 0
+        self.log: list[dict] = []                                # the last decisions (bounded)
+
+    def _mean(self, name: str) -> _Mean:
+        return self._m.setdefault(name, _Mean())
+
+    def estimates(self, key: str = "") -> Estimates:
+        """The current point estimates for tool set ``key`` (each: its prior, moved by the evidence)."""
+        with self._lock:
+            return self._estimates(key)
+
+    def _estimates(self, key: str) -> Estimates:
+        p, w = self.prior, self.prior_weight
+        m = self._m
+        def g(name: str, prior: float, weight: float = w) -> float:
+            return m[name].value(prior, weight) if name in m else prior
+
+        def per_key(name: str, glob: float, weight: float) -> float:
+            cell = self._key.get((key, name))
+            return glob if cell is None else cell.value(glob, weight)
+
+        accept = {k: per_key(f"accept_{k}", g(f"accept_{k}", p.accept_rate[k], w * p.call_tokens), w * p.call_tokens)
+                  for k in ("index", "slots")}
+        forwards = {k: g(f"forwards_{k}", p.forwards[k]) for k in ("index", "slots")}
+        # the decode fit keeps the prior's split between the fixed and per-query part; evidence scales both
+        decode_scale = g("decode_scale", 1.0)
+        return replace(
+            p, interference=g("interference", p.interference, w * 0.5),
+            latency_factor=g("latency_factor", p.latency_factor, w * 0.5),
+            prefill_per_token=g("prefill_per_token", p.prefill_per_token, w * 300),
+            decode_forward=p.decode_forward * decode_scale, decode_per_query=p.decode_per_query * decode_scale,
+            forwards=forwards, accept_rate=accept, step_s=g("step_s", p.step_s, w * 10),
+            call_tokens=per_key("call_tokens", g("call_tokens", p.call_tokens), w),
+            target_prefill=per_key("target_prefill", g("target_prefill", p.target_prefill), w),
+            target_token_s=g("target_token_s", p.target_token_s, w * p.call_tokens),
+            client_s=g("client_s", p.client_s), chars_per_token=g("chars_per_token", p.chars_per_token, w * 300))
+
+    def decide(self, wave: sp.Wave, tools: Sequence[Any]) -> WaveDecision:
+        """The decision for a request whose full wave is ``wave`` (logged; see :func:`decide`)."""
+        key = tools_key(tools)
+        with self._lock:
+            est = self._estimates(key)
+            verbatim = {slot: (cell.num, cell.den) for slot, cell in self._verbatim.items()}
+            self.num_requests += 1
+            n = self.num_requests
+        decision = decide(wave, tools, est, verbatim, key)
+        if decision.kind == "skip" and self.probe_every and n % self.probe_every == 0:
+            decision = decide(wave, tools, est, verbatim, key, probe=True)
+        record = decision.to_dict()
+        with self._lock:
+            self.log.append(record)
+            del self.log[:-256]
+        logger.debug("sidecar wave: %s (saving %.3f s, cost %.3f s, %d queries)", decision.kind, decision.saving_s,
+                     decision.cost_s, len(decision.queries))
+        return decision
+
+    def observe(self, o: WaveOutcome) -> None:
+        """Learn from one finished request (a skipped one still teaches the target's side)."""
+        cap = self.max_requests
+        pc = self.prior.call_tokens
+        with self._lock:
+            def add(name: str, num: float, den: float, scale: float = 1.0) -> None:
+                self._mean(name).add(num, den, cap * scale)
+
+            def add_key(name: str, num: float, den: float, scale: float = 1.0) -> None:
+                add(name, num, den, scale)
+                self._key.setdefault((o.key, name), _Mean()).add(num, den, cap * scale)
+
+            add_key("call_tokens", o.call_tokens, 1)
+            if o.call_tokens:
+                add("target_token_s", o.target_decode_s, o.call_tokens, pc)
+            if o.kind == "skip" or o.wave_s is None:     # the prefill ran with no wave in flight
+                add_key("target_prefill", o.target_prefill_s, 1)
+            if o.idle_step_s:
+                add("step_s", sum(o.idle_step_s), len(o.idle_step_s), 10)
+            for fn, p, found in o.verbatim:
+                self._verbatim.setdefault((fn, p), _Mean()).add(float(found), 1.0, cap)
+            if o.kind == "skip":
+                return
+            add("client_s", o.client_s, 1)
+            if o.tokens_after_ready:
+                add_key(f"accept_{o.kind}", o.accepted_hint_tokens, o.tokens_after_ready, pc)
+            sv = o.server
+            if sv.get("n_forwards"):
+                add(f"forwards_{o.kind}", sv["n_forwards"], 1)
+                n = o.num_queries
+                planned = sv["n_forwards"] * (self.prior.decode_forward + self.prior.decode_per_query * n)
+                add("decode_scale", sv.get("decode_s", 0.0), planned)
+            tokens = (sv.get("block_tokens") or 0) + (sv.get("query_tokens") or 0)
+            if tokens and sv.get("prefill_s") is not None:
+                add("prefill_per_token", sv["prefill_s"], tokens, 300)
+            if sv.get("block_tokens") and o.block_chars:
+                add("chars_per_token", o.block_chars + o.query_chars,
+                    sv["block_tokens"] + (sv.get("query_tokens") or 0), 300)
+            compute = (sv.get("prefill_s") or 0.0) + (sv.get("decode_s") or 0.0)
+            if o.wave_s is not None and compute > 0:
+                add("latency_factor", o.wave_s, compute, 0.5)
+            if o.interference is not None:
+                lost, overlapped = o.interference
+                add("interference", max(0.0, lost), overlapped, 0.5)
+
+    def summary(self) -> dict:
+        """The current global estimates and decision counts (for reports)."""
+        est = self.estimates()
+        with self._lock:
+            counts = {k: sum(r["decision"] == k for r in self.log) for k in KINDS}
+        return {"estimates": asdict(est), "decisions": counts,
+                "requests": self.num_requests}
+
+
+def outcome_of(decision: WaveDecision, result, hint_stats, request_stats, calls: Sequence[Mapping],
+               messages: Sequence[Any]) -> WaveOutcome:
+    """A :class:`WaveOutcome` from one request's engine result, HintDrafter stats and sidecar request stats.
+
+    Args:
+        decision: what the gate decided for the request.
+        result: the engine's :class:`~ooospec.runtime.engine.GenerationResult`.
+        hint_stats: :meth:`~ooospec.runtime.hints.HintDrafter.stats` of the request (with the result).
+        request_stats: the client's :class:`~ooospec.runtime.sidecar_client.RequestStats`.
+        calls: the calls the target wrote (``{"name", "arguments"}``), for the verbatim rates.
+        messages: the request's messages.
+    """
+    st = request_stats
+    steps = list(result.steps)
+    ready = hint_stats.ready_step if hint_stats is not None else None
+    after = 0 if ready is None else sum(s.new_tokens for s in steps[ready:])
+    # the target's timeline from arrival: prefill, then the steps one after the other
+    wave_lo = None if st.sent_t is None else st.sent_t - st.arrival_t
+    wave_hi = None if st.response_t is None else st.response_t - st.arrival_t
+    t = result.prefill_s
+    timeline = []
+    for s in steps:
+        d = s.t_draft + s.t_forward
+        timeline.append((t, d))
+        t += d
+    if wave_lo is None:          # no wave went out: every step ran alone
+        idle = tuple(d for _, d in timeline)
+    else:                        # a wave with no response may have run to the end
+        end = float("inf") if wave_hi is None else wave_hi
+        idle = tuple(d for start, d in timeline if start >= end or start + d <= wave_lo)
+    sample = None
+    sv = st.server or {}
+    if wave_lo is not None and wave_hi is not None and idle:
+        expected = sum(idle) / len(idle)
+        segments = [(start, d, expected) for start, d in timeline]
+        sample = interference_sample(segments, (wave_lo, wave_hi),
+                                     (sv.get("prefill_s") or 0.0) + (sv.get("decode_s") or 0.0))
+    wave = decision.wave
+    return WaveOutcome(
+        key=decision.key, kind=decision.kind, call_tokens=len(result.tokens), tokens_after_ready=after,
+        accepted_hint_tokens=(hint_stats.num_accepted_tokens or 0) if hint_stats is not None else 0,
+        target_prefill_s=result.prefill_s, target_decode_s=result.decode_s, idle_step_s=idle,
+        client_s=st.build_s + (hint_stats.match_s if hint_stats is not None else 0.0), server=sv,
+        wave_s=st.wave_s, num_queries=st.n_queries,
+        block_chars=len(wave.block) if wave is not None else 0,
+        query_chars=sum(len(q.text) for q in wave.queries) if wave is not None else 0,
+        interference=sample, verbatim=verbatim_slots(calls, messages))

@@ -1,0 +1,336 @@
+"""The wave gate: its estimates and decisions on constructed stats, the online update, the decision record, and
+the hooks (client, chat turn, bench method) against a stand-in sidecar that counts the queries it is asked --
+with the output equal to AR whatever the gate decides."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.engine import GenerationResult, StepStats
+from ooospec.runtime.formats import hermes
+from ooospec.runtime.hints import HintDrafter, HintStats
+from ooospec.runtime.methods import METHODS, make_engine
+from ooospec.runtime.pld import PromptLookupDrafter
+from ooospec.runtime.sidecar_client import RequestStats, SidecarClient
+from ooospec.runtime.wave_gate import (
+    PRIORS,
+    Option,
+    WaveGate,
+    WaveOutcome,
+    decide,
+    expected_cost_s,
+    expected_saving_s,
+    interference_sample,
+    outcome_of,
+    tools_key,
+    verbatim_slots,
+    wave_compute_s,
+)
+from tests.pipelines.sidecar_tiny import byte_tokenizer
+from tests.runtime.conftest import tiny_model
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}}}},
+]
+MESSAGES = [{"role": "user", "content": "Weather in Paris, in celsius?"}]
+WAVE = sp.build_wave(MESSAGES, TOOLS)            # index, get_weather.city, get_weather.unit, get_time.tz
+SHARED, SPLIT = PRIORS["shared"], PRIORS["split"]
+
+
+# ------------------------------------------------------------------------------------------ pure estimates
+
+
+def test_shared_prior_skips_split_prior_sends():
+    d = decide(WAVE, TOOLS, SHARED)
+    assert d.kind == "skip" and d.wave is None and d.queries == ()
+    assert all(c > s for s, c in (d.options[k] for k in ("index", "slots")))      # every wave costs more
+    d = decide(WAVE, TOOLS, SPLIT)
+    assert d.kind == "slots" and d.saving_s > d.cost_s
+    assert d.queries == ("index", "get_weather.city", "get_time.tz")              # the enum slot is dropped
+    assert d.dropped == ("get_weather.unit",)
+    assert d.wave.block == WAVE.block and d.wave.queries == tuple(WAVE.queries[i] for i in (0, 1, 3))
+
+
+def test_cost_above_saving_is_a_skip_and_the_formulas_hold():
+    est = replace(SHARED, interference=1.0, chars_per_token=1.0, prefill_per_token=0.001, decode_forward=0.05,
+                  decode_per_query=0.0, forwards={"index": 2.0, "slots": 4.0}, latency_factor=1.0,
+                  target_prefill=10.0, accept_rate={"index": 0.1, "slots": 0.5}, call_tokens=40, marginal=0.1,
+                  step_s=0.2, client_s=0.0)
+    opt = Option("slots", WAVE.queries, 100)
+    tokens = 100 + sum(len(q.text) for q in WAVE.queries)
+    assert wave_compute_s(opt, est) == pytest.approx(0.001 * tokens + 4 * 0.05)
+    assert expected_saving_s(opt, est) == pytest.approx(0.5 * 40 * 0.1 * 0.2)                 # 0.4 s
+    assert expected_cost_s(opt, est) == pytest.approx(wave_compute_s(opt, est))
+    assert expected_saving_s(Option("skip", (), 0), est) == expected_cost_s(Option("skip", (), 0), est) == 0
+    # a late bank: the wave ends 0.5 s after a 0.3 s target prefill, at 0.05 s a token -> 10 tokens already out
+    late = replace(est, target_prefill=0.3, latency_factor=0.8 / wave_compute_s(opt, est), target_token_s=0.05)
+    assert expected_saving_s(opt, late) == pytest.approx(0.5 * 30 * 0.1 * 0.2)
+    assert decide(WAVE, TOOLS, replace(est, interference=10.0)).kind == "skip"
+    assert decide(WAVE, TOOLS, replace(est, interference=0.0)).kind == "slots"
+
+
+def test_only_the_index_pays():
+    # the index answer carries most of the accepted tokens; the argument branches add decode cost for little
+    est = replace(SPLIT, interference=1.0, prefill_per_token=0.0001, decode_forward=0.001, decode_per_query=0.05,
+                  forwards={"index": 2.0, "slots": 5.0}, accept_rate={"index": 0.4, "slots": 0.45},
+                  marginal=0.2, step_s=0.2, call_tokens=50, client_s=0.0)
+    d = decide(WAVE, TOOLS, est)
+    assert d.kind == "index" and d.queries == ("index",) and [q.form for q in d.wave.queries] == ["function_index"]
+    s_index, c_index = d.options["index"]
+    s_slots, c_slots = d.options["slots"]
+    assert s_index - c_index > max(0.0, s_slots - c_slots)
+
+
+def test_verbatim_slots_are_dropped():
+    # evidence: the target copied get_weather.city from the request 5 of 5 times; get_time.tz never
+    verbatim = {("get_weather", "city"): (5.0, 5.0), ("get_time", "tz"): (0.0, 5.0)}
+    d = decide(WAVE, TOOLS, SPLIT, verbatim)
+    assert d.kind == "slots" and d.queries == ("index", "get_time.tz")
+    assert set(d.dropped) == {"get_weather.city", "get_weather.unit"}
+    # every slot verbatim: nothing but the index is left to ask
+    everything = {("get_weather", "city"): (5.0, 5.0), ("get_time", "tz"): (5.0, 5.0)}
+    d = decide(WAVE, TOOLS, SPLIT, everything)
+    assert d.kind == "index" and "slots" not in d.options
+    # what counts as verbatim: the value's text in the request's messages
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin", "days": 3}}]
+    msgs = [{"role": "user", "content": "Paris for 3 days"}]
+    assert verbatim_slots(calls, msgs) == (("get_weather", "city", True), ("get_weather", "unit", False),
+                                           ("get_weather", "days", True))
+
+
+def test_decision_record_shape():
+    d = decide(WAVE, TOOLS, SPLIT, key="k")
+    rec = d.to_dict()
+    assert set(rec) == {"decision", "expected_saving_s", "expected_cost_s", "queries", "num_queries",
+                        "dropped_verbatim", "options", "probe"}
+    assert rec["decision"] == "slots" and rec["num_queries"] == len(rec["queries"]) == 3
+    assert set(rec["options"]) == {"skip", "index", "slots"} and rec["options"]["skip"] == [0.0, 0.0]
+    json.dumps(rec)                                   # a plain JSON record (bench rows, chat turn stats)
+    gate = WaveGate(SHARED)
+    gate.decide(WAVE, TOOLS)
+    assert gate.log == [decide(WAVE, TOOLS, SHARED, key=tools_key(TOOLS)).to_dict()]
+
+
+def test_interference_sample():
+    lost, overlapped = interference_sample([(0.0, 1.5, 1.0)], (0.0, 1.0), 0.8)
+    assert lost == pytest.approx(0.5 * 2 / 3) and overlapped == pytest.approx(0.8)
+    # steps outside the window and unknown expectations do not count
+    assert interference_sample([(2.0, 1.0, 0.5), (0.0, 1.0, -1.0)], (0.0, 1.0), 0.8) is None
+    assert interference_sample([(0.0, 1.0, 1.0)], (1.0, 1.0), 0.8) is None
+
+
+# ------------------------------------------------------------------------------------------ online update
+
+
+def _outcome(kind, *, accepted, after, server=None, interference=None, call_tokens=50, wave_s=None):
+    return WaveOutcome(key=tools_key(TOOLS), kind=kind, call_tokens=call_tokens, tokens_after_ready=after,
+                       accepted_hint_tokens=accepted, target_prefill_s=1.0, target_decode_s=0.1 * call_tokens,
+                       idle_step_s=(0.19,) * 10, client_s=0.005, server=server or {}, wave_s=wave_s,
+                       num_queries=3, block_chars=len(WAVE.block), query_chars=60, interference=interference)
+
+
+def test_evidence_moves_the_decision():
+    # shared prior -> skip; the target's calls turn out long (300 tokens): the same wave now pays
+    gate = WaveGate(SHARED)
+    assert gate.decide(WAVE, TOOLS).kind == "skip"
+    for _ in range(20):
+        gate.observe(_outcome("skip", accepted=0, after=0, call_tokens=300))
+    assert gate.estimates(tools_key(TOOLS)).call_tokens > 200
+    assert gate.decide(WAVE, TOOLS).kind == "slots"
+
+    # split prior -> send; the waves turn out to slow the target by their whole compute and hints rarely land
+    gate = WaveGate(SPLIT)
+    assert gate.decide(WAVE, TOOLS).kind == "slots"
+    server = {"prefill_s": 0.4, "decode_s": 0.4, "n_forwards": 5, "block_tokens": 340, "query_tokens": 20}
+    for _ in range(20):
+        gate.observe(_outcome("slots", accepted=1, after=50, server=server, interference=(0.8, 0.8), wave_s=0.85))
+    est = gate.estimates(tools_key(TOOLS))
+    assert est.interference > 0.7 and est.accept_rate["slots"] < 0.1
+    assert est.prefill_per_token == pytest.approx(0.4 / 360, rel=0.2)
+    assert gate.decide(WAVE, TOOLS).kind == "skip"
+
+
+def test_probe_sends_every_nth_skip():
+    gate = WaveGate(SHARED, probe_every=3)
+    kinds = [gate.decide(WAVE, TOOLS) for _ in range(6)]
+    assert [d.kind != "skip" for d in kinds] == [False, False, True, False, False, True]
+    assert all(d.probe for d in kinds if d.kind != "skip")
+
+
+def test_gate_is_thread_safe():
+    gate = WaveGate(SPLIT)
+    server = {"prefill_s": 0.4, "decode_s": 0.4, "n_forwards": 5, "block_tokens": 340, "query_tokens": 20}
+
+    def work():
+        for _ in range(50):
+            gate.decide(WAVE, TOOLS)
+            gate.observe(_outcome("slots", accepted=5, after=40, server=server, wave_s=0.9))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert gate.num_requests == 200 and len(gate.log) == 200
+
+
+def test_outcome_of_reads_the_request():
+    steps = [StepStats(tree_size=3, accepted=2, new_tokens=3, t_draft=0.01, t_forward=0.19, tie_stop=False)] * 4
+    result = GenerationResult(tokens=list(range(12)), n_forwards=4, steps=steps, prefill_s=1.0, decode_s=0.8,
+                              stop_reason="stop")
+    hs = HintStats(ready_step=1, num_polls=2, num_proposed_steps=3, num_proposed_tokens=12, num_accepted_tokens=4,
+                   match_s=0.001, num_views=5, bank_tokens=40)
+    st = RequestStats(arrival_t=100.0, sent_t=100.0, response_t=101.1, n_queries=3, build_s=0.002,
+                      server={"prefill_s": 0.5, "decode_s": 0.3, "n_forwards": 4, "block_tokens": 300})
+    d = decide(WAVE, TOOLS, SPLIT, key="k")
+    o = outcome_of(d, result, hs, st, [{"name": "get_weather", "arguments": {"city": "Paris"}}], MESSAGES)
+    assert o.kind == "slots" and o.call_tokens == 12 and o.tokens_after_ready == 9 and o.accepted_hint_tokens == 4
+    assert o.idle_step_s == (0.2, 0.2, 0.2)        # the first step (1.0-1.2 s) ran under the wave (0-1.1 s)
+    assert o.wave_s == pytest.approx(1.1) and o.client_s == pytest.approx(0.003)
+    assert o.interference == pytest.approx((0.0, 0.8 * 0.1 / 1.1))   # that step took its idle time: nothing lost
+    assert o.verbatim == (("get_weather", "city", True),)
+
+
+# ------------------------------------------------------------------------------------------ the hooks
+
+
+class ByQuery:
+    """A stand-in sidecar answering each prompt by its query line; counts requests and queries."""
+
+    ANSWERS: ClassVar[dict[str, str]] = {"Query: tool index": "0", "Query: get_weather.city": '"Paris"',
+                                         "Query: get_weather.unit": '"celsius"', "Query: get_time.tz": "null"}
+
+    def __init__(self):
+        self.queries: list[list[str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                lines = [p.rstrip("\n").rsplit("\n", 1)[-1] for p in body["prompt"]]
+                outer.queries.append(lines)
+                texts = [outer.ANSWERS.get(q, "null") for q in lines]
+                out = json.dumps({"choices": [{"index": i, "text": t, "finish_reason": "stop"}
+                                              for i, t in enumerate(texts)],
+                                  "ooospec": {"prefill_s": 0.01, "decode_s": 0.01, "n_forwards": 2,
+                                              "block_tokens": 100, "query_tokens": 10}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+INDEX_ONLY = replace(SPLIT, interference=1.0, prefill_per_token=0.0001, decode_forward=0.001, decode_per_query=0.05,
+                     accept_rate={"index": 0.4, "slots": 0.45}, marginal=0.2)
+GATES = {"off": None, "skip": SHARED, "slots": SPLIT, "index": INDEX_ONLY}
+
+
+@pytest.fixture(scope="module")
+def target():
+    model, tok = tiny_model("llama"), byte_tokenizer()
+    prompt = tok("user: Weather in Paris, in celsius?\nassistant: ", add_special_tokens=False)["input_ids"]
+    return model, tok, prompt, METHODS["ar"](model).generate(prompt, 24).tokens
+
+
+@pytest.mark.parametrize("mode", list(GATES))
+def test_client_sends_what_the_gate_decides_and_output_equals_ar(target, mode):
+    model, tok, prompt, ar = target
+    gate = None if GATES[mode] is None else WaveGate(GATES[mode])
+    with ByQuery() as server:
+        client = SidecarClient(server.url, gate=gate)
+        req = client.submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
+        req.wait(10)
+        drafter = HintDrafter(req)
+        result = make_engine(model, [drafter, PromptLookupDrafter()]).generate(prompt, 24)
+        record = req.report(result, drafter.stats(result), [])
+    assert result.tokens == ar                                        # exact whatever was asked
+    expected = {"off": [4], "skip": [], "slots": [3], "index": [1]}[mode]
+    assert [len(q) for q in server.queries] == expected
+    if mode == "off":
+        assert record is None and req.stats().decision is None
+        return
+    assert record["decision"] == mode and req.stats().decision == record
+    if mode == "skip":
+        assert req.done and req.poll() is None and req.stats().sent_t is None
+    else:
+        assert req.stats().call["name"] == "get_weather" and req.poll() is not None
+        assert server.queries[0][0] == "Query: tool index"
+    assert gate.estimates(tools_key(TOOLS)).call_tokens != GATES[mode].call_tokens   # the request was learnt
+
+
+def test_chat_turn_carries_the_decision():
+    from ooospec.runtime.chat import ChatModel
+    from tests.runtime.chat_tiny import TOOLS as CHAT_TOOLS
+    from tests.runtime.chat_tiny import USER, trained_chat_model
+
+    model, tok = trained_chat_model()
+    ar = ChatModel(model, tok, method="ar").complete(USER, CHAT_TOOLS, max_new_tokens=48)
+    with ByQuery() as server:
+        for prior, decision, n_queries in ((SHARED, "skip", []), (SPLIT, "slots", [2])):
+            server.queries.clear()
+            chat = ChatModel(model, tok, method="ooospec", sidecar=SidecarClient(server.url, gate=WaveGate(prior)))
+            turn = chat.complete(USER, CHAT_TOOLS, max_new_tokens=48)
+            assert turn.text == ar.text and turn.calls == ar.calls
+            assert turn.hints["wave"]["decision"] == decision
+            assert [len(q) for q in server.queries] == n_queries
+
+
+def test_bench_method_reports_the_decision(target):
+    from ooospec.eval.method_api import BenchContext
+    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints, wave_gate_for
+
+    model, tok, prompt, ar = target
+    assert wave_gate_for(DEPLOYMENTS["shared"]).prior == SHARED
+    ctx = BenchContext(model=model, tokenizer=tok, fmt=hermes, eos_token_ids=[], max_new_tokens=24,
+                       stop=lambda g: False, record={"messages": MESSAGES, "tools": TOOLS})
+    with ByQuery() as server:
+        for deploy, decision, n in (("shared", "skip", 0), ("wave-first", "skip", 0)):
+            client = SidecarClient(server.url, gate=wave_gate_for(DEPLOYMENTS[deploy]))
+            hints = SidecarHints(client, DEPLOYMENTS[deploy], 1)
+            source = hints.start(ctx, time.perf_counter())
+            drafter = HintDrafter(source)
+            result = make_engine(model, [drafter, PromptLookupDrafter()]).generate(prompt, 24)
+            row = hints.finish(source, drafter, result)
+            assert result.tokens == ar and row["wave"]["decision"] == decision and row["n_queries"] == n
+        client = SidecarClient(server.url, gate=WaveGate(SPLIT))
+        hints = SidecarHints(client, DEPLOYMENTS["shared"], 1)
+        source = hints.start(ctx, time.perf_counter())
+        source.wait(10)
+        drafter = HintDrafter(source)
+        result = make_engine(model, [drafter, PromptLookupDrafter()]).generate(prompt, 24)
+        row = hints.finish(source, drafter, result)
+    assert result.tokens == ar and row["wave"]["decision"] == "slots" and row["n_queries"] == 3
+    assert len(server.queries) == 1
