@@ -73,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the HF backend's device: cpu (default) or cuda[:N] (the engine syncs on every step's argmax, "
                         "so wall times include the GPU's work)")
     p.add_argument("--backend", choices=("auto", "hf", "llama.cpp"), default="auto",
-                   help="the target's backend: 'auto' = llama.cpp (the GGUF's quantized weights) for a registry name or "
-                        ".gguf on the CPU when llama-cpp-python is installed and --dtype is auto, else hf")
+                   help="the target's backend: 'auto' = llama.cpp (the GGUF's quantized weights) for a registry "
+                        "name or .gguf on the CPU when llama-cpp-python is installed and --dtype is auto, else hf")
     p.add_argument("--dtype", choices=hardware.DTYPE_CHOICES, default="auto",
                    help="hf backend: 'auto' = bf16 where the CPU multiplies it natively and faster, else fp32 "
                         "(bf16/fp16 on CUDA); a dtype other than auto selects the hf backend under --backend auto")
@@ -98,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
                         "shipped adapter for the run and stop it after")
     g.add_argument("--sidecar-model", default="sidecar", help="served model name (vLLM: the --lora-modules name)")
-    g.add_argument("--sidecar-adapter", default=None, help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
+    g.add_argument("--sidecar-adapter", default=None,
+                   help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
     g.add_argument("--sidecar-deploy", choices=sorted(DEPLOYMENTS), default=DEFAULT_DEPLOYMENT,
                    help="where the sidecar runs next to the target (see eval/ooospec_method.py)")
     g.add_argument("--sidecar-gate", choices=("on", "off"), default="off",

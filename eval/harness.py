@@ -252,7 +252,9 @@ def record_ids_of(rows_path: Path) -> set[str]:
     ids = set()
     for lineno, row in iter_jsonl(rows_path):
         if not isinstance(row, dict) or not isinstance(row.get("record_id"), str):
-            raise ValueError(f"{rows_path}:{lineno}: not a request row with a 'record_id' (data/slots/*.jsonl rows)")
+            # a bad line of a data file: ValueError, like every record reader
+            raise ValueError(  # noqa: TRY004
+                f"{rows_path}:{lineno}: not a request row with a 'record_id' (data/slots/*.jsonl rows)")
         ids.add(row["record_id"])
     return ids
 
@@ -513,7 +515,8 @@ def summarize(examples: Sequence[dict], order: Sequence[str] | None = None, base
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(PACKAGE_ROOT), *args], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(["git", "-C", str(PACKAGE_ROOT), *args], capture_output=True, text=True, timeout=10,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

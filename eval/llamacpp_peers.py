@@ -12,10 +12,10 @@ logits, the prompt's included, into a numpy array; that is part of what a user o
 Every call starts cold (``Llama.reset()``: no KV of an earlier request is reused), unless ``warm_prefix`` says
 which prompt prefix was prefilled before the clock started (the bench's ``--warm-tools``).
 
-Counting. Every ``Llama.eval`` is one target forward; the first holds the prompt (it also yields the first token,
-as HF's prefill does in :mod:`ooospec.eval.peers`), so ``n_forwards`` counts it, as a one-node step in
-``tree_sizes`` (the others: 1 + the draft tokens fed). ``prefill_s`` runs to the first token, ``decode_s`` from there to the return. The
-generator is stopped by the harness' stop rule (EOS, end of call, token cap) right after the token that meets it.
+Counting. Every ``Llama.eval`` is one target forward; the first holds the prompt (it also yields the first token, as
+HF's prefill does in :mod:`ooospec.eval.peers`), so ``n_forwards`` counts it, as a one-node step in ``tree_sizes``
+(the others: 1 + the draft tokens fed). ``prefill_s`` runs to the first token, ``decode_s`` from there to the return.
+The generator is stopped by the harness' stop rule (EOS, end of call, token cap) right after the token that meets it.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ Each run is the pair of metrics files that ``train_sidecar`` and ``eval_sidecar`
 
 writes ``eval/reports/sidecar/table.md`` (one row per run) and ``eval/reports/sidecar/sidecar.png`` (x: median wave
 latency, y: function-index accuracy and non-null argument exact match). A run without training metrics
-(``LABEL=EVAL.json``) is an untrained base or a zero-shot evaluation of another run's adapter. The ``(always 0)`` / ``(always null)``
-columns are what a constant answer scores on the same rows (``eval_sidecar``'s ``baselines``): a sidecar below
-them has learned the answer format, not the task. Pure reading of the JSON files.
+(``LABEL=EVAL.json``) is an untrained base or a zero-shot evaluation of another run's adapter. The ``(always 0)`` /
+``(always null)`` columns are what a constant answer scores on the same rows (``eval_sidecar``'s ``baselines``): a
+sidecar below them has learned the answer format, not the task. Pure reading of the JSON files.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from ooospec.eval.reporting import fmt_cell, md_table
+from ooospec.pipelines.params import module_main
 
 # (header, getter over (train, eval) metrics, format)
 COLUMNS = [
@@ -58,7 +59,8 @@ def _fraction_this_run(train: dict) -> float:
 
 
 def _train_seconds(train: dict) -> str | None:
-    """``"6985"``, or ``"3519 (325 of 400 steps)"`` for a resumed run: its seconds cover only the steps after the resume."""
+    """``"6985"``, or ``"3519 (325 of 400 steps)"`` for a resumed run: its seconds cover only the steps after the
+    resume."""
     secs = train.get("train_seconds")
     if secs is None:
         return None
@@ -159,8 +161,8 @@ def plot(runs: list[tuple[str, dict, dict]], path: Path) -> None:
                 Line2D([], [], ls="--", color="grey", label="function: always 0")]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     threads = {e["latency"].get("threads") for _, _, e in runs}
-    fig.suptitle(f"OoO-Spec sidecar: quality vs one-pass wave latency ({'/'.join(str(t) for t in sorted(threads, key=str))}"
-                 " thread(s))", fontsize=10)
+    shown = "/".join(str(t) for t in sorted(threads, key=str))
+    fig.suptitle(f"OoO-Spec sidecar: quality vs one-pass wave latency ({shown} thread(s))", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.3 / (3.3 * len(sets) + 1.2), 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -192,9 +194,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ooospec.eval.sidecar_report", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    return module_main("ooospec.eval.sidecar_report", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
     ours_pf, ours_dec, peer_pf, peer_dec = [], [], [], []
 
     class _Ctx:   # what LlamaCppPeer reads of a BenchContext
-        eos_token_ids: list[int] = []
+        eos_token_ids: tuple[int, ...] = ()
         max_new_tokens = DECODE
 
         @staticmethod

@@ -12,10 +12,11 @@ folders so that the small default of ``dvc repro`` never overwrites it::
     nohup python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full metrics/transfer-full.json \
         --params eval/transfer_full.yaml > transfer_full.log 2>&1 &
 
-(:func:`full_command` returns exactly this; every report prints the command that made it). Each cell (a target on a benchmark, every method interleaved per
-example as ``ooospec bench`` does) is its own JSON file under ``data/transfer/cells/``, rewritten after every
-example; a stopped or crashed run resumes where it stopped when the same command is run again (the cell files
-survive ``dvc repro``: the output is ``persist``), losing at most the example in flight
+(:func:`full_command` returns exactly this; every report prints the command that made it). Each cell (a target on a
+benchmark, every method interleaved per example as ``ooospec bench`` does) is its own JSON file under
+``data/transfer/cells/``, rewritten after every example; a stopped or crashed run resumes where it stopped when the
+same command is run again (the cell files survive ``dvc repro``: the output is ``persist``), losing at most the
+example in flight
 (:mod:`ooospec.eval.transfer_cell`). ``-S transfer.resume=false`` starts every cell over.
 
 A wave the client cancels stops at the server's next decode step (the server watches for the disconnect), and

@@ -111,7 +111,8 @@ def target_table(results: dict) -> Table:
         same = info.get("same_tokenizer_as_sidecar")
         rows.append([Cell(t), Cell(str(info["model_type"])), Cell(info["chat_template"]), Cell(info["format"]),
                      Cell("-" if same is None else "same" if same else "differs"),
-                     Cell(fmt_cell(info["num_params"] / 1e6, "{:.0f}M")), Cell(fmt_cell(s["examples"], "{:d}")), Cell(fmt_cell(dig(s, "call", "call"), "{:.0%}")),
+                     Cell(fmt_cell(info["num_params"] / 1e6, "{:.0f}M")), Cell(fmt_cell(s["examples"], "{:d}")),
+                     Cell(fmt_cell(dig(s, "call", "call"), "{:.0%}")),
                      speedup_cell(dig(s, "speedup", "toolspec")), speedup_cell(dig(s, "speedup", "ooospec")),
                      speedup_cell(s.get("ooospec_gain")), speedup_cell(s.get("ooospec-gold_gain"))])
     return Table("targets", "Per target, pooled over its benchmarks",
@@ -341,7 +342,8 @@ def headline(results: dict) -> str:
             f"one frozen sidecar: {sidecar_line(results)}. Measured on {results['machine']['cpu']}, "
             f"{plural(results['machine']['threads'], 'thread')}, {results['machine']['dtype']}. Measuring took "
             f"{results['measured_s'] / 60:.1f} min"
-            + (f" ({plural(results['resumed_cells'], 'cell')} resumed after a stop)" if results["resumed_cells"] else "")
+            + (f" ({plural(results['resumed_cells'], 'cell')} resumed after a stop)"
+               if results["resumed_cells"] else "")
             + f"; the stage's last "
             f"run took {results['wall_s'] / 60:.1f} min (started {results['started']}).")
 
@@ -355,7 +357,9 @@ def regenerate_sentence(results: dict) -> str:
 def report_dir_of(results: dict) -> str:
     """The report folder the run wrote (the command's second argument), for the rebuild command."""
     words = results["command"].split()
-    return words[4] if len(words) > 4 and words[:3] == ["python", "-m", "ooospec.eval.transfer"] else "eval/reports/transfer"
+    if len(words) > 4 and words[:3] == ["python", "-m", "ooospec.eval.transfer"]:
+        return words[4]
+    return "eval/reports/transfer"
 
 
 def markdown(results: dict) -> str:

@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decoding method (default: ooospec with --sidecar, else toolspec); output is greedy either way")
     p.add_argument("--sidecar", default=None, metavar="URL",
                    help="a running sidecar server (ours or vLLM) for method ooospec, e.g. http://127.0.0.1:8765")
+    p.add_argument("--sidecar-gate", choices=("off", "shared", "split", "remote"), default="off",
+                   help="send each wave only as far as it is expected to pay, starting from this deployment's prior "
+                        "(shared: the sidecar on the server's cores; split: a core of its own; remote: another "
+                        "machine or an accelerator); off: always the full wave")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--served-name", default=None, help="the model name clients send (default: --target)")
@@ -66,7 +70,12 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.sessions:
         sessions = SessionStore(model, max_sessions=args.max_sessions,
                                 prefix_cache=PrefixCache(max_bytes=max(args.prefix_cache_mb, 1) << 20))
-    sidecar = SidecarClient(args.sidecar) if args.sidecar else None
+    gate = None
+    if args.sidecar and args.sidecar_gate != "off":
+        from ooospec.runtime.wave_gate import PRIORS, WaveGate
+
+        gate = WaveGate(PRIORS[args.sidecar_gate])
+    sidecar = SidecarClient(args.sidecar, gate=gate) if args.sidecar else None
     chat = ChatModel(model, tok, method=method, sidecar=sidecar, sessions=sessions)
     serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT,
           limits=limits)

@@ -3,8 +3,8 @@
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
 
-``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`). ``predict``
-writes one JSON object per record, in input order::
+``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`).
+``predict`` writes one JSON object per record, in input order::
 
     {"id": ..., "call": {"name", "arguments"} | null, "direct_call": {"name", "arguments"} | null,
      "wave_s": ..., "prefill_s": ..., "decode_s": ..., "n_queries": ...}

@@ -22,10 +22,10 @@ def ingest_card(stats: dict, path: Path) -> None:
     src = stats["sources"]
     lines = [HEADER.format(cmd="dvc repro ingest", metrics="metrics/ingest.json"),
              "# Dataset card: `data/ingest/records.jsonl`\n",
-             "All raw tool-calling sources parsed into the project's one record format "
+             ("All raw tool-calling sources parsed into the project's one record format "
              "(`{id, source, split, tools, messages, calls, meta}`, see `pipelines/records.py`). Every tool's "
              "parameters are a valid JSON Schema and every gold call validates against its tool; items that fail "
-             "are in `data/ingest/rejects.jsonl` with their reason.\n",
+             "are in `data/ingest/rejects.jsonl` with their reason.\n"),
              f"**{stats['total']['records']}** records, **{stats['total']['rejects']}** rejects.\n",
              "## Per source\n",
              _table(["source", "parsed", "rejected", "reject %", "license", "upstream"],
@@ -49,9 +49,9 @@ def dedupe_cards(stats: dict, ingest_stats: dict | None, cards_dir: Path) -> Non
     t = stats["train"]
     lines = [HEADER.format(cmd="dvc repro dedupe", metrics="metrics/dedupe.json"),
              "# Dataset card: `data/dedupe/train.jsonl`\n",
-             "Training pool for the sidecar: every training split after exact and normalized de-duplication and "
+             ("Training pool for the sidecar: every training split after exact and normalized de-duplication and "
              "after removing everything that leaks into an evaluation set (shared normalized request, shared "
-             "(request, call) pair, same source dialogue, or a benchmark's tool docs).\n",
+             "(request, call) pair, same source dialogue, or a benchmark's tool docs).\n"),
              f"**{t['records']}** records, **{t['calls']}** gold calls.\n",
              "## Per source\n",
              _table(["source", "input", "kept", "license", "upstream"],
@@ -69,9 +69,9 @@ def dedupe_cards(stats: dict, ingest_stats: dict | None, cards_dir: Path) -> Non
         license_, upstream = lic.get(src, ("?", "?"))
         text = [HEADER.format(cmd="dvc repro dedupe", metrics="metrics/dedupe.json"),
                 f"# Dataset card: `data/dedupe/eval/{bench}.jsonl`\n",
-                f"Held-out benchmark from `{stats['params']['eval_sets'][bench]}`, kept as published "
+                (f"Held-out benchmark from `{stats['params']['eval_sets'][bench]}`, kept as published "
                 "(no training record shares a normalized request, a (request, call) pair or a source dialogue "
-                "with it).\n",
+                "with it).\n"),
                 _table(["records", "gold calls", "normalized duplicates inside", "dropped"],
                        [[e["records"], e["calls"], e["normalized_duplicates"], e["dropped_duplicates"]]]),
                 f"\nLicense: {license_}. Upstream: {upstream}.\n"]

@@ -38,7 +38,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     canonical_calls,
     canonical_json,
@@ -241,9 +241,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.dedupe", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
+    return module_main("ooospec.pipelines.dedupe", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

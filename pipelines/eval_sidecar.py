@@ -43,7 +43,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import canonical_json, load_records, write_json
 from ooospec.pipelines.slot_rows import read_request_rows, request_rows, row_wave
 from ooospec.runtime import sidecar_prompts as sp
@@ -385,9 +385,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ooospec.pipelines.eval_sidecar", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    return module_main("ooospec.pipelines.eval_sidecar", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from typing import Literal
 from tqdm import tqdm
 
 from ooospec.eval.reporting import md_table
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import atomic_write_text, load_records, write_json, write_jsonl
 from ooospec.pipelines.slot_rows import request_row
 from ooospec.runtime import sidecar_prompts as sp
@@ -214,10 +214,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.expand_slots",
-                                description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
+    return module_main("ooospec.pipelines.expand_slots", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from ooospec.eval.reporting import md_table, pct
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import atomic_write_text, write_json
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class ExportAdapterParams:
 
     def __post_init__(self) -> None:
         if self.weights_dtype not in WEIGHTS_DTYPES:
-            raise ValueError(f"export_adapter.weights_dtype must be one of {WEIGHTS_DTYPES}, got {self.weights_dtype!r}")
+            raise ValueError(f"export_adapter.weights_dtype must be one of {WEIGHTS_DTYPES}, "
+                             f"got {self.weights_dtype!r}")
 
 
 # ------------------------------------------------------------------------------------------- model card
@@ -195,9 +196,9 @@ adapter only drafts: the target stays the sole verifier, so outputs equal the ta
 ## Training data
 
 Request rows expanded from teacher tool calls on deduplicated tool-calling dialogues (prompt layout
-{tr.get("layout_version")}, recorded in `sidecar.json`): one shared block (conversation + numbered tools with parameters) and every slot query
-with its compact-JSON answer, packed into one sequence per request; benchmark test sets were held out before
-training.
+{tr.get("layout_version")}, recorded in `sidecar.json`): one shared block (conversation + numbered tools with
+parameters) and every slot query with its compact-JSON answer, packed into one sequence per request; benchmark test
+sets were held out before training.
 
 {_table([(k, v) for k, v in train_rows]) if train_rows else "_No training metrics found._"}
 
@@ -357,10 +358,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ooospec.pipelines.export_adapter",
-                                     description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    return module_main("ooospec.pipelines.export_adapter", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

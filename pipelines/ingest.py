@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ooospec.pipelines import sources as source_registry
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     Reject,
     sha256_file,
@@ -188,9 +188,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.ingest", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
+    return module_main("ooospec.pipelines.ingest", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ An unknown key is an error, not something to ignore; a missing key takes the dat
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,3 +101,12 @@ def load_section(cls: type[T], section: str, path: Path = PARAMS_FILE) -> T:
 
 def as_dict(params: Any) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(params).items()}
+
+
+def module_main(module: str, doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
+                run_cli: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """The ``main`` of a stage or command module run as ``python -m MODULE``: its parser (described by the first
+    line of ``doc``), its arguments, then ``run_cli`` on them."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0] if doc else None)
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))

@@ -39,7 +39,8 @@ class Recipe:
     base_model_id: str = ""
     dtype: str = "fp32"  # frozen base weights at load: auto | fp32 | bf16 (auto: see ooospec.runtime.hardware)
     # bf16 autocast: "auto" = on where the hardware multiplies bf16 natively and a probe finds it faster
-    # (CUDA, AMX / avx512_bf16 CPUs; see ooospec.runtime.hardware), "bf16" = always, "none" = never (YAML reads a bare off as false)
+    # (CUDA, AMX / avx512_bf16 CPUs; see ooospec.runtime.hardware), "bf16" = always, "none" = never
+    # (YAML reads a bare off as false)
     autocast: str = "auto"
     # LoRA
     lora_r: int = 16

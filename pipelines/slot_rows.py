@@ -59,7 +59,7 @@ def read_request_rows(path: str | os.PathLike) -> list[dict]:
                 raise ValueError(f"{path}:{i}: request row {row['id']!r} slot {j} has form {slot['form']!r}, "
                                  f"expected one of {sp.FORMS}")
             if not isinstance(slot["query"], str) or not isinstance(slot["answer"], str):
-                raise ValueError(f"{path}:{i}: request row {row['id']!r} slot {j}: query and answer must be "
+                raise ValueError(  # noqa: TRY004 - a bad line of a data file, like every record readerf"{path}:{i}: request row {row['id']!r} slot {j}: query and answer must be "
                                  "strings")
         rows.append(row)
     return rows

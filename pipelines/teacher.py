@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import canonical_json, load_records, write_json, write_jsonl
 
 TRACE_KEYS = ("id", "backend", "model", "format", "text", "num_prompt_tokens", "num_new_tokens", "finish")
@@ -72,7 +72,9 @@ class TeacherParams:
     max_new_tokens: int = 256
     limit: int | None = None              # decode at most this many records (seeded sample of the sorted ids)
     seed: int = 0
-    dtype: str = "auto"                   # transformers: auto | fp32 | bf16 (auto: bf16 only where the CPU/GPU multiplies it natively); vllm: bf16 when "bf16", else vLLM's auto
+    # transformers: auto | fp32 | bf16 (auto: bf16 only where the CPU/GPU multiplies it natively);
+    # vllm: bf16 when "bf16", else vLLM's auto
+    dtype: str = "auto"
     threads: int | None = None            # transformers: torch threads
     batch_size: int = 64                  # vllm: records per generate() call (= per partial-file flush)
     tensor_parallel_size: int = 1         # vllm
@@ -439,9 +441,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ooospec.pipelines.teacher", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
+    return module_main("ooospec.pipelines.teacher", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
 from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
 from ooospec.pipelines.slot_rows import read_request_rows
@@ -433,9 +433,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ooospec.pipelines.train_sidecar", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    return module_main("ooospec.pipelines.train_sidecar", __doc__, add_arguments, run_cli, argv)
 
 
 if __name__ == "__main__":

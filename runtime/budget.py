@@ -44,7 +44,8 @@ whose drafts keep failing is planned at ~1.5 / trials and stops getting nodes on
 Worked example: a drafter proposes ``[[7, 3], [5]]`` after root 9, with ``q`` = 0.8 at depth 1 and 0.9 at depth 2
 for rank 0 and 0.3 for rank 1: node probabilities ``7: 0.8, 3: 0.72, 5: 0.3``. With ``p_tie = 0`` (fp32) and
 ``T(n)/T(1) = 1, 1.1, 1.2, 1.3`` for n = 1..4: ``rate(0..3) = 1/1, 1.8/1.1, 2.52/1.2, 2.82/1.3 = 1, 1.64, 2.1,
-2.17``: all three nodes are verified. With ``T(n)/T(1) = 1, 1.5, 2.0, 2.5``: ``1, 1.2, 1.26, 1.13``: only ``9 -> 7 -> 3``.
+2.17``: all three nodes are verified. With ``T(n)/T(1) = 1, 1.5, 2.0, 2.5``: ``1, 1.2, 1.26, 1.13``: only
+``9 -> 7 -> 3``.
 """
 
 from __future__ import annotations

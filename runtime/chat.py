@@ -23,7 +23,8 @@ calls; ``"required"`` appends the call opening up to the function name (``<tool_
 to the prompt; ``{"type": "function", "function": {"name": N}}`` appends it up to the arguments
 (``<tool_call>\\n{"name": "N", "arguments":``). The forced text ends at JSON punctuation, never in a space or an
 open string, so the model's next token is the one it would pick in the middle of its own call (byte-level BPE
-attaches a space to the word after it). The forced text is part of the returned text, so it parses as a call. The stop rule is the format's end of a call (``fmt.is_complete``), EOS or the token cap.
+attaches a space to the word after it). The forced text is part of the returned text, so it parses as a call. The
+stop rule is the format's end of a call (``fmt.is_complete``), EOS or the token cap.
 """
 
 from __future__ import annotations

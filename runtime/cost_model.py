@@ -22,9 +22,7 @@ parameters (FLOPs per token = 2 x that), the bytes of weights a forward reads, a
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import random
 import time
 from bisect import bisect_left
@@ -36,7 +34,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ooospec.runtime.kv_cache import new_kv_cache
-from ooospec.runtime.paths import cache_dir
+from ooospec.runtime.paths import cache_dir, read_json_cache, write_json_cache
 from ooospec.runtime.tree import chain_tree
 
 logger = logging.getLogger(__name__)
@@ -114,7 +112,8 @@ def calibration_key(model: PreTrainedModel, context: int = CALIBRATION_CONTEXT) 
     device = model.device
     if hasattr(model, "fingerprint"):   # the llama.cpp backend: its own threads, no torch in the forward
         return f"{model.fingerprint()}|{info['model']}|{','.join(info['flags'])}|context={context}"
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{info['model']}|{','.join(info['flags'])}"
+    cpu = f"{info['model']}|{','.join(info['flags'])}"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
     return (f"{model_fingerprint(model)}|dtype={model.dtype}|threads={torch.get_num_threads()}|device={device.type}"
             f"|{where}|torch={torch.__version__}|context={context}")
 
@@ -173,12 +172,7 @@ def forward_cost(model: PreTrainedModel, use_cache: bool = True) -> ForwardCost:
     if use_cache and key in _MEMO:
         return _MEMO[key]
     path = _cache_file()
-    table: dict = {}
-    if use_cache and path.is_file():
-        try:
-            table = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            table = {}
+    table = read_json_cache(path) if use_cache else {}
     if key in table:
         row = table[key]
         cost = ForwardCost(tuple(row["sizes"]), tuple(row["times"]), key)
@@ -190,13 +184,7 @@ def forward_cost(model: PreTrainedModel, use_cache: bool = True) -> ForwardCost:
         if use_cache:
             table[key] = {"sizes": list(cost.sizes), "times": [float(f"{t:.4g}") for t in cost.times],
                           "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-                tmp.replace(path)
-            except OSError as e:
-                logger.warning("could not cache the forward cost in %s: %s", path, e)
+            write_json_cache(path, table)
     if use_cache:
         _MEMO[key] = cost
     return cost

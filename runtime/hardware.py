@@ -22,7 +22,6 @@ under a key of (CPU model, ISA flags, threads, torch version[, dtype]): a change
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from ooospec.runtime.paths import cache_dir
+from ooospec.runtime.paths import cache_dir, read_json_cache, write_json_cache
 
 logger = logging.getLogger(__name__)
 
@@ -103,24 +102,13 @@ def _probe_key(threads: int) -> str:
 def cached_probe(section: str, key: str, measure: Callable[[], float], use_cache: bool = True) -> float:
     """``measure()``, memoized on disk as ``hardware.json[section][key]`` (the key names what invalidates it)."""
     path = _cache_file()
-    cached: dict = {}
-    if use_cache and path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cached = {}
-        if key in cached.get(section, {}):
-            return cached[section][key]
+    cached = read_json_cache(path) if use_cache else {}
+    if key in cached.get(section, {}):
+        return cached[section][key]
     value = measure()
     if use_cache:
         cached.setdefault(section, {})[key] = float(f"{value:.4g}")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-            tmp.replace(path)
-        except OSError as e:
-            logger.warning("could not cache the %s probe in %s: %s", section, path, e)
+        write_json_cache(path, cached)
     return value
 
 

@@ -213,8 +213,8 @@ class KVCache:
     @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, logits_to_keep: int | None):
         """One forward on top of the cache; ``logits_to_keep=None``: the KV entries only, no logits (None)."""
-        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, cache=self.cache,
-                      use_cache=True)
+        kwargs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": masks,
+                  "cache": self.cache, "use_cache": True}
         if logits_to_keep is None:
             if self.decoder is not None:
                 self.decoder(**kwargs)

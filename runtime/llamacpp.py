@@ -39,6 +39,7 @@ tokens are dropped and re-prefilled by the engine's ``keep_prefix_of``), which c
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -350,10 +351,8 @@ class LlamaCppTarget:
             self._model = None
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):   # interpreter shutdown: the library may be gone
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 def _leaf_seqs(tree: DraftTree) -> tuple[list[list[int]], int]:
@@ -573,7 +572,7 @@ def greedy_reference(target: LlamaCppTarget, prompt: Sequence[int], max_new_toke
     L = _lib()
     target.owner = None
     target._clear()
-    eos = set(int(t) for t in eos_token_ids)
+    eos = {int(t) for t in eos_token_ids}
     prompt = [int(t) for t in prompt]
     t0 = time.perf_counter()
     step = target.n_batch

@@ -199,7 +199,8 @@ class ToolSpecDrafters:
         self._last: list[tuple[list[int], list[int]]] = []   # [(prompt, output)] of the previous request
 
     def for_request(self, tokenizer, fmt, tools: list[dict], hints: Drafter | None = None) -> list[Drafter]:
-        """The drafters for one request with ``tools`` (``hints``: e.g. a :class:`~ooospec.runtime.hints.HintDrafter`)."""
+        """The drafters for one request with ``tools`` (``hints``: e.g. a
+        :class:`~ooospec.runtime.hints.HintDrafter`)."""
         from ooospec.runtime.schema_fsm import SchemaFSMDrafter
 
         fsm = SchemaFSMDrafter(tokenizer, fmt, tools)

@@ -19,6 +19,8 @@ Every default location lives here; no other module spells one.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -132,3 +134,29 @@ def cache_dir(cache: str | os.PathLike | None = None) -> Path:
     if cache is not None:
         return Path(cache).expanduser()
     return Path(os.environ.get(CACHE_ENV, DEFAULT_CACHE)).expanduser()
+
+
+def read_json_cache(path: Path) -> dict:
+    """A JSON cache file's table; ``{}`` when it is missing or unreadable (a cache is never an error)."""
+    if not path.is_file():
+        return {}
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def write_json_cache(path: Path, table: dict) -> bool:
+    """Write a JSON cache file atomically (per-process temp file, then rename); False (and a warning) when the
+    folder is not writable, since a cache is never an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as e:
+        logging.getLogger(__name__).warning("could not write the cache %s: %s", path, e)
+        return False
+    return True
+

@@ -157,7 +157,9 @@ class WaveDecision:
 
 
 def query_name(q: sp.SlotQuery) -> str:
-    return "index" if q.form == "function_index" else "call" if q.form == "direct_call" else f"{q.function}.{q.parameter}"
+    if q.form == "function_index":
+        return "index"
+    return "call" if q.form == "direct_call" else f"{q.function}.{q.parameter}"
 
 
 def verbatim_prior(schema: Any) -> float:

@@ -1,10 +1,11 @@
 """Fuzz suite (issue 12): hypothesis against everything that reads input written by users, the web or a model.
 
-Areas: random JSON Schemas (draft 2020-12 features real tools use, plus malformed ones) x the schema FSM with
-a real byte-level BPE tokenizer; the tool-call parsers; the sidecar prompt builder and answer parsers; record
-loading, and the pipeline stages' record reader (``records.load_records``) with what the stages do next. Properties: no exception other than the documented ValueError, no call over :data:`STEP_S`, draft
-ids are valid token ids, and FSM drafts never all contradict a valid call: wherever the FSM drafts, some
-draft agrees with the gold call's next character, so following drafts reaches the gold text. A valid call
+Areas: random JSON Schemas (draft 2020-12 features real tools use, plus malformed ones) x the schema FSM with a real
+byte-level BPE tokenizer; the tool-call parsers; the sidecar prompt builder and answer parsers; record loading, and
+the pipeline stages' record reader (``records.load_records``) with what the stages do next. Properties: no exception
+other than the documented ValueError, no call over :data:`STEP_S`, draft ids are valid token ids, and FSM drafts never
+all contradict a valid call: wherever the FSM drafts, some draft agrees with the gold call's next character, so
+following drafts reaches the gold text. A valid call
 here validates against its tool and uses the tool's declared or required keys (keys that only
 ``additionalProperties`` allows are not drafted), and the branch budget covers every alternative at the
 committed position (``max_branches=64``; with fewer, the FSM guesses the first alternatives).

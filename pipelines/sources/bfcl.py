@@ -53,7 +53,7 @@ when checking -- a consumer that needs it must do the same (no mapping is stored
 
 Worked example (``simple_python_0``)::
 
-    question  [[{"role": "user", "content": "Find the area of a triangle with a base of 10 units and height of 5 units."}]]
+    question  [[{"role": "user", "content": "Find the area of a triangle with a base of 10 units and ..."}]]
     function  calculate_triangle_area {"type": "dict", "properties": {"base": {"type": "integer"}, ...}}
     answer    {"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}
     -> record  id "bfcl/simple-python/simple_python_0",  parameters {"type": "object", ...}

@@ -51,7 +51,8 @@ def split_top_level(s: str) -> list[str]:
 
 def is_optional(type_str: Any) -> bool:
     """``"str, optional"`` / ``"Optional[int]"`` -> True (xLAM / ToolRL spelling of an optional parameter)."""
-    return isinstance(type_str, str) and bool(re.search(r",\s*optional\s*$|^optional\[", type_str.strip(), re.IGNORECASE))
+    return isinstance(type_str, str) and bool(
+        re.search(r",\s*optional\s*$|^optional\[", type_str.strip(), re.IGNORECASE))
 
 
 def type_schema(type_str: Any) -> dict:

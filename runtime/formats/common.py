@@ -340,3 +340,22 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict], prefix: st
         return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
     blocks = [f"{m['role'].capitalize()}: {m['content']}" for m in plain]
     return "\n\n".join(blocks + ["Assistant: "])
+
+
+def renderers(prefix: str, suffix: str, args_key: str):
+    """A format module's ``(render_prompt, render_call)`` from its call syntax::
+
+        render_prompt, render_call = common.renderers(call_prefix, call_suffix, args_key)
+
+    ``render_prompt(tokenizer, messages, tools)`` is :func:`render_prompt` (fallbacks included);
+    ``render_call(call)`` is the exact text of one call, prefix and suffix included.
+    """
+
+    def format_prompt(tokenizer, messages: list[dict], tools: list[dict]) -> str:
+        return render_prompt(tokenizer, messages, tools, prefix, suffix, args_key)
+
+    def format_call(call: dict) -> str:
+        return prefix + dump_call(call, args_key) + suffix
+
+    format_prompt.__name__, format_call.__name__ = "render_prompt", "render_call"
+    return format_prompt, format_call

@@ -14,13 +14,7 @@ call_suffix = ""
 args_key = "parameters"
 
 
-def render_prompt(tokenizer, messages: list[dict], tools: list[dict]) -> str:
-    """See ``common.render_prompt`` for the fallback when the template has no tool support."""
-    return common.render_prompt(tokenizer, messages, tools, call_prefix, call_suffix, args_key)
-
-
-def render_call(call: dict) -> str:
-    return call_prefix + common.dump_call(call, args_key) + call_suffix
+render_prompt, render_call = common.renderers(call_prefix, call_suffix, args_key)
 
 
 def parse_calls(text: str) -> list[dict]:

@@ -17,7 +17,8 @@ def metrics(base: str, fn_acc: float, median_ms: float) -> tuple[dict, dict]:
           "argument": {"exact_match": 0.75, "exact_match_non_null": None}, "joined": {"exact_match": 0.4},
           "null": {"precision": 0.9, "recall": None}, "direct_call": {"exact_match": 0.25},
           "latency": {"threads": 2, "median_queries": 9, "prefill": {"median_ms": 100.0},
-                      "decode": {"median_ms": median_ms - 100}, "wave": {"median_ms": median_ms, "p90_ms": 2 * median_ms}}}
+                      "decode": {"median_ms": median_ms - 100},
+                      "wave": {"median_ms": median_ms, "p90_ms": 2 * median_ms}}}
     return train, ev
 
 

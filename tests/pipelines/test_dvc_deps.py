@@ -61,7 +61,8 @@ def _package_of(name: str, path: Path) -> str:
 
 
 def cli_commands(dirs: dict[str, Path]) -> dict[str, str]:
-    """The console script's dispatch table, read from ``ooospec/cli.py``: ``{"sidecar": "ooospec.sidecar_cli", ...}``."""
+    """The console script's dispatch table, read from ``ooospec/cli.py``:
+    ``{"sidecar": "ooospec.sidecar_cli", ...}``."""
     tree = ast.parse(module_file(CLI_MODULE, dirs).read_text(encoding="utf-8"))
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)

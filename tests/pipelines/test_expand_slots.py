@@ -46,7 +46,8 @@ def test_known_record_row_is_the_wave_with_gold_answers():
         ("argument", "getCurrentWeather", "units"): '"imperial"',
         ("argument", "getForecast", "days"): "null",
         ("argument", "getForecast", "location"): "null",
-        ("direct_call", None, None): '{"name":"getCurrentWeather","arguments":{"location":"Lisbon","units":"imperial"}}'}
+        ("direct_call", None, None):
+            '{"name":"getCurrentWeather","arguments":{"location":"Lisbon","units":"imperial"}}'}
     wave = sp.build_wave(RECORDS[WEATHER_ID]["messages"], RECORDS[WEATHER_ID]["tools"], with_direct_call=True)
     assert [s["query"] for s in row["slots"]] == [q.text for q in wave.queries]
     assert row["block"] == wave.block

@@ -25,7 +25,8 @@ def stages(tmp_path_factory):
     params = dataclasses.replace(load_section(ingest.IngestParams, "ingest", ROOT / "params.yaml"), source=str(DATA))
     istats = ingest.run(params, out / "ingest", metrics_path=out / "ingest.json",
                         card_path=out / "ingest.md")
-    dstats = dedupe.run(load_section(dedupe.DedupeParams, "dedupe", ROOT / "params.yaml"), out / "ingest" / "records.jsonl", out / "dedupe",
+    dstats = dedupe.run(load_section(dedupe.DedupeParams, "dedupe", ROOT / "params.yaml"),
+                        out / "ingest" / "records.jsonl", out / "dedupe",
                         metrics_path=out / "dedupe.json", cards_dir=out / "cards", ingest_metrics=out / "ingest.json")
     return out, istats, dstats
 

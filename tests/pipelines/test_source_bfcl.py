@@ -145,7 +145,8 @@ def test_java_js_parameters_are_strings_with_bfcl_suffix(by_id):
             assert p["type"] == "string" and "in string representation." in p["description"]
         assert all(isinstance(v, str) for c in r["calls"] for v in c["arguments"].values())
     assert "items" not in _props(by_id["bfcl/simple-java/simple_java_22"])["ids"]
-    assert "The list elements are of type long" in _props(by_id["bfcl/simple-java/simple_java_22"])["ids"]["description"]
+    ids = _props(by_id["bfcl/simple-java/simple_java_22"])["ids"]
+    assert "The list elements are of type long" in ids["description"]
 
 
 def test_java_gold_is_source_code(by_id):

@@ -39,7 +39,8 @@ def _gold(item: dict) -> list[dict]:
 def test_one_record_per_item_and_all_but_known_faults_validate(parsed):
     assert not [r for r in parsed if isinstance(r, R.Reject)]
     for split, stem in S.SPLITS.items():
-        assert [r["id"] for r in parsed if r["split"] == split] == [f"sealtools/{split}/{i['id']}" for i in _items(stem)]
+        expected = [f"sealtools/{split}/{i['id']}" for i in _items(stem)]
+        assert [r["id"] for r in parsed if r["split"] == split] == expected
     invalid = {r["id"]: R.validate_record(r) for r in parsed if R.validate_record(r) is not None}
     assert set(invalid) == KNOWN_INVALID
     assert all(reason == R.CALL_SCHEMA_VIOLATION for reason, _ in invalid.values())

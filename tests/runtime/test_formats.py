@@ -107,7 +107,8 @@ def test_render_call_parses_back_and_is_complete(name):
 
 
 # What the models emit, measured (Qwen2.5-Coder-0.5B under its own hermes template: fenced, pretty, no tags).
-QWEN_CODER = '```json\n{\n  "name": "QueryStock",\n  "arguments": {\n    "symbol": "AMZN",\n    "date": "2022-03-11"\n  }\n}\n```'
+QWEN_CODER = ('```json\n{\n  "name": "QueryStock",\n  "arguments": {\n    "symbol": "AMZN",\n'
+              '    "date": "2022-03-11"\n  }\n}\n```')
 QWEN_CALL = {"name": "QueryStock", "arguments": {"symbol": "AMZN", "date": "2022-03-11"}}
 
 
@@ -120,7 +121,8 @@ QWEN_CALL = {"name": "QueryStock", "arguments": {"symbol": "AMZN", "date": "2022
      [{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]),
     ('[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": 2}}]',
      [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": 2}}]),
-    ('{"type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}', [{"name": "f", "arguments": {"a": 1}}]),
+    ('{"type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}',
+     [{"name": "f", "arguments": {"a": 1}}]),
     ('{"name": "f", "arguments": {"note": "line1\nline2"}}', [{"name": "f", "arguments": {"note": "line1\nline2"}}]),
     ("I cannot help with that.", []),
     ('{"name": "f", "arguments": {"a": ', []),
@@ -130,7 +132,8 @@ def test_parse_any_is_robust(text, calls):
 
 
 def test_hermes_prefers_tagged_blocks_over_other_json():
-    text = 'Let me look {"name": "decoy", "arguments": {}} up.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    text = ('Let me look {"name": "decoy", "arguments": {}} up.\n'
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
     assert hermes.parse_calls(text) == [{"name": "f", "arguments": {}}]
     assert plain_json.parse_calls(text) == [{"name": "decoy", "arguments": {}}, {"name": "f", "arguments": {}}]
 

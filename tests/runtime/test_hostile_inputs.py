@@ -250,7 +250,8 @@ def test_line_numbers_count_blank_lines(tmp_path):
     path = tmp_path / "r.jsonl"
     bad = record("toy/test/b", calls=[R.call("nope", {})])
     write_lines(path, [json.dumps(record()), "", "", "  ", "", json.dumps(bad)])
-    with pytest.raises(ValueError, match=r"r\.jsonl:6: record 'toy/test/b': call_unknown_tool: calls\[0\]: call 'nope' not in tools"):
+    unknown = r"r\.jsonl:6: record 'toy/test/b': call_unknown_tool: calls\[0\]: call 'nope' not in tools"
+    with pytest.raises(ValueError, match=unknown):
         harness.load_examples(path)
 
 
@@ -289,7 +290,8 @@ def test_wrong_typed_fields_are_named(tmp_path, field, value, detail):
 def test_mixed_id_types_do_not_crash_the_sort(tmp_path):
     path = tmp_path / "r.jsonl"
     write_lines(path, [json.dumps(record("toy/test/a")), json.dumps(record(1))])
-    with pytest.raises(ValueError, match=r"r\.jsonl:2: malformed_record: id: expected a non-empty string, got a number"):
+    with pytest.raises(ValueError,
+                       match=r"r\.jsonl:2: malformed_record: id: expected a non-empty string, got a number"):
         harness.load_examples(path)
 
 

@@ -24,9 +24,9 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (python -m ooospec.llamacpp_install)")
 
-from ooospec.runtime.llamacpp import LlamaCppTarget, greedy_reference  # noqa: E402
-from ooospec.runtime.methods import METHODS, make_engine  # noqa: E402
-from tests.runtime.tiny_gguf import make_tiny_gguf, quantize  # noqa: E402
+from ooospec.runtime.llamacpp import LlamaCppTarget, greedy_reference
+from ooospec.runtime.methods import METHODS, make_engine
+from tests.runtime.tiny_gguf import make_tiny_gguf, quantize
 
 FORMATS = ["F32", "Q8_0", "Q4_0"]
 

@@ -111,7 +111,8 @@ def test_call_accuracy_rates():
 
 
 BFCL_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bfcl"
-BFCL_SPLITS = {"bfcl-simple-python": "simple-python", "bfcl-javascript": "simple-javascript", "bfcl-java": "simple-java"}
+BFCL_SPLITS = {"bfcl-simple-python": "simple-python", "bfcl-javascript": "simple-javascript",
+               "bfcl-java": "simple-java"}
 SOURCES = ["fixtures", pytest.param("data", marks=pytest.mark.integration)]
 
 

@@ -237,7 +237,8 @@ def test_real_qwen_output_is_mostly_drafted(tokenizer):
     tools = [{"name": "QueryStock", "parameters": {"type": "object", "properties": {
         "symbol": {"type": "string"}, "date": {"type": "string"}}, "required": ["symbol"]}}]
     drafter = SchemaFSMDrafter(tok, detect_format(tok), tools)
-    text = '```json\n{\n  "name": "QueryStock",\n  "arguments": {\n    "symbol": "AMZN",\n    "date": "2022-03-11"\n  }\n}\n```'
+    text = ('```json\n{\n  "name": "QueryStock",\n  "arguments": {\n    "symbol": "AMZN",\n'
+            '    "date": "2022-03-11"\n  }\n}\n```')
     prompt = tok.encode("<|im_start|>assistant\n")
     out = tok.encode(text)
     i = steps = 0

@@ -78,7 +78,8 @@ def trained_tokenizer(pre_tokenizer, vocab_size: int) -> PreTrainedTokenizerFast
 
 
 def tricky_waves() -> list[sp.Wave]:
-    tools = [{"type": "function", "function": {"name": "f_1", "description": "Sums (a, b)... then: 'x'!", "parameters": {
+    tools = [{"type": "function", "function": {
+        "name": "f_1", "description": "Sums (a, b)... then: 'x'!", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "default": 3, "description": "count (max 10)"},
                                          "u": {"enum": ["°C", "°F"]}, "t": {"type": ["string", "null"]}}}}}]
     msgs = [{"role": "user", "content": "Über   12,5 €?\n\n  2 + 2 = 4 ;)\t"}, {"role": "assistant", "content": ""}]
