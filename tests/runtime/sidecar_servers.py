@@ -56,7 +56,8 @@ def running_app(app, **config):
 class StandIn:
     """A fake sidecar answering ``POST /v1/completions`` according to ``mode`` (see ``_Handler.answer``).
 
-    ``answers`` maps the number of prompts to the texts a good server returns. ``received`` records
+    ``answers``: the texts a good server returns (mode ``by_query``: :data:`ANSWERS_BY_QUERY` by each prompt's
+    query line, with :data:`SERVER_STATS`). ``received`` records
     ``(time.perf_counter(), request JSON)`` per request. With a ``gate``, every answer waits until the test sets
     it (or the server stops), so a test knows the client cannot have had an answer before that.
     """
@@ -71,6 +72,11 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
+    @property
+    def queries(self) -> list[list[str]]:
+        """The query lines of every request received, in order."""
+        return [[query_line(p) for p in req["prompt"]] for _, req in self.received]
+
     def __enter__(self):
         self.thread.start()
         return self
@@ -84,10 +90,33 @@ class StandIn:
         self.thread.join(5)
 
 
-def completion(texts: list[str]) -> dict:
-    return {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "sidecar",
-            "choices": [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+def completion(texts: list[str], server_stats: dict | None = None) -> dict:
+    out = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": "sidecar",
+           "choices": [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)],
+           "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    if server_stats is not None:
+        out["ooospec"] = server_stats
+    return out
+
+
+# A request with two tools, and what a good sidecar answers to each slot query of its wave (by the query's line)
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}}}},
+]
+MESSAGES = [{"role": "user", "content": "Weather in Paris, in celsius?"}]
+ANSWERS_BY_QUERY = {"Query: tool index": "0", "Query: get_weather.city": '"Paris"',
+                    "Query: get_weather.unit": '"celsius"', "Query: get_time.tz": "null"}
+SERVER_STATS = {"prefill_s": 0.01, "decode_s": 0.01, "n_forwards": 2, "block_tokens": 100, "query_tokens": 10}
+
+
+def query_line(prompt: str) -> str:
+    """The last line of a wave prompt: its slot query (``Query: get_weather.city``)."""
+    return prompt.rstrip("\n").rsplit("\n", 1)[-1]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -101,11 +130,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         st: StandIn = self.server.standin
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        st.received.append((time.perf_counter(), json.loads(body)))
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        st.received.append((time.perf_counter(), req))
         if st.gate is not None:
             st.gate.wait()
-        self.answer(st, len(json.loads(body)["prompt"]))
+        self.answer(st, req)
 
     def _send(self, status: int, body: bytes, length: bool = True) -> None:
         self.send_response(status)
@@ -117,11 +146,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def answer(self, st: StandIn, n: int) -> None:
+    def answer(self, st: StandIn, req: dict) -> None:
+        n = len(req["prompt"])
         good = json.dumps(completion(st.answers)).encode()
         mode = st.mode
         if mode == "good":
             self._send(200, good)
+        elif mode == "by_query":                       # each prompt answered by its query line
+            texts = [ANSWERS_BY_QUERY.get(query_line(p), "null") for p in req["prompt"]]
+            self._send(200, json.dumps(completion(texts, SERVER_STATS)).encode())
         elif mode == "slow":
             st.stop_event.wait(1.0)
             self._send(200, good)

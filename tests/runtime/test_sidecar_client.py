@@ -18,17 +18,8 @@ from ooospec.runtime.pld import PromptLookupDrafter
 from ooospec.runtime.sidecar_client import SidecarClient, free_port, parse_response, start_server
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
-from tests.runtime.sidecar_servers import HANG_S, StandIn
+from tests.runtime.sidecar_servers import HANG_S, MESSAGES, TOOLS, StandIn
 
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"},
-                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"type": "string"}}}}},
-]
-MESSAGES = [{"role": "user", "content": "Weather in Paris, in celsius?"}]
 GOOD = ["0", '"Paris"', '"celsius"', "null"]          # index, get_weather.city, get_weather.unit, get_time.tz
 N_NEW = 24
 

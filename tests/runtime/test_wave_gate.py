@@ -8,8 +8,6 @@ import json
 import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 
@@ -36,16 +34,8 @@ from ooospec.runtime.wave_gate import (
 )
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
+from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
 
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"},
-                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"type": "string"}}}}},
-]
-MESSAGES = [{"role": "user", "content": "Weather in Paris, in celsius?"}]
 WAVE = sp.build_wave(MESSAGES, TOOLS)            # index, get_weather.city, get_weather.unit, get_time.tz
 SHARED, SPLIT = PRIORS["shared"], PRIORS["split"]
 
@@ -207,52 +197,6 @@ def test_outcome_of_reads_the_request():
 # ------------------------------------------------------------------------------------------ the hooks
 
 
-class ByQuery:
-    """A stand-in sidecar answering each prompt by its query line; counts requests and queries."""
-
-    ANSWERS: ClassVar[dict[str, str]] = {"Query: tool index": "0", "Query: get_weather.city": '"Paris"',
-                                         "Query: get_weather.unit": '"celsius"', "Query: get_time.tz": "null"}
-
-    def __init__(self):
-        self.queries: list[list[str]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                lines = [p.rstrip("\n").rsplit("\n", 1)[-1] for p in body["prompt"]]
-                outer.queries.append(lines)
-                texts = [outer.ANSWERS.get(q, "null") for q in lines]
-                out = json.dumps({"choices": [{"index": i, "text": t, "finish_reason": "stop"}
-                                              for i, t in enumerate(texts)],
-                                  "ooospec": {"prefill_s": 0.01, "decode_s": 0.01, "n_forwards": 2,
-                                              "block_tokens": 100, "query_tokens": 10}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
-
-
 INDEX_ONLY = replace(SPLIT, interference=1.0, prefill_per_token=0.0001, decode_forward=0.001, decode_per_query=0.05,
                      accept_rate={"index": 0.4, "slots": 0.45}, marginal=0.2)
 GATES = {"off": None, "skip": SHARED, "slots": SPLIT, "index": INDEX_ONLY}
@@ -269,7 +213,7 @@ def target():
 def test_client_sends_what_the_gate_decides_and_output_equals_ar(target, mode):
     model, tok, prompt, ar = target
     gate = None if GATES[mode] is None else WaveGate(GATES[mode])
-    with ByQuery() as server:
+    with StandIn("by_query") as server:
         client = SidecarClient(server.url, gate=gate)
         req = client.submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=tok)
         req.wait(10)
@@ -298,9 +242,9 @@ def test_chat_turn_carries_the_decision():
 
     model, tok = trained_chat_model()
     ar = ChatModel(model, tok, method="ar").complete(USER, CHAT_TOOLS, max_new_tokens=48)
-    with ByQuery() as server:
+    with StandIn("by_query") as server:
         for prior, decision, n_queries in ((SHARED, "skip", []), (SPLIT, "slots", [2])):
-            server.queries.clear()
+            server.received.clear()
             chat = ChatModel(model, tok, method="ooospec", sidecar=SidecarClient(server.url, gate=WaveGate(prior)))
             turn = chat.complete(USER, CHAT_TOOLS, max_new_tokens=48)
             assert turn.text == ar.text and turn.calls == ar.calls
@@ -316,7 +260,7 @@ def test_bench_method_reports_the_decision(target):
     assert wave_gate_for(DEPLOYMENTS["shared"]).prior == SHARED
     ctx = BenchContext(model=model, tokenizer=tok, fmt=hermes, eos_token_ids=[], max_new_tokens=24,
                        stop=lambda g: False, record={"messages": MESSAGES, "tools": TOOLS})
-    with ByQuery() as server:
+    with StandIn("by_query") as server:
         for deploy, decision, n in (("shared", "skip", 0), ("wave-first", "skip", 0)):
             client = SidecarClient(server.url, gate=wave_gate_for(DEPLOYMENTS[deploy]))
             hints = SidecarHints(client, DEPLOYMENTS[deploy], 1)
