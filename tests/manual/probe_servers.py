@@ -93,17 +93,19 @@ def main() -> None:
     sock.close()
     print("10 half-sent body (chat): worst /health", worst_health_during(CHAT, lambda: time.sleep(1))[1], "s")
 
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}],
-                       "max_tokens": 2048}).encode()
+    body = json.dumps({"model": health(CHAT)["model"], "max_tokens": 2048,
+                       "messages": [{"role": "user", "content": "Write a very long story."}]}).encode()
     sock = socket.create_connection(("127.0.0.1", CHAT))          # 4: a non-streamed turn whose client leaves
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     time.sleep(2)
     sock.close()
+    ran = health(CHAT)["running"]
     t0 = time.time()
     while health(CHAT)["running"] and time.time() - t0 < 60:
         time.sleep(0.2)
-    print(f"4 client left a non-streamed chat turn: nothing running after {time.time() - t0:.1f}s")
+    print(f"4 client left a non-streamed chat turn (running at the disconnect: {ran}): nothing running "
+          f"{time.time() - t0:.1f}s later")
 
 
 if __name__ == "__main__":
