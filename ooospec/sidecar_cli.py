@@ -30,11 +30,13 @@ from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
 def predict_records(sidecar, records: Iterable[Mapping]) -> Iterator[dict]:
     """One prediction row per record (see the module docstring); ``sidecar`` is a loaded
-    :class:`~ooospec.runtime.sidecar.Sidecar`. The record's first call is predicted (no prior calls)."""
+    :class:`~ooospec.runtime.sidecar.Sidecar` (waves in its adapter's layout). The record's first call is predicted
+    (no prior calls)."""
     from ooospec.runtime import sidecar_prompts as sp
 
     for rec in records:
-        wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True)
+        wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True,
+                             layout=getattr(sidecar, "layout", sp.LAYOUT_VERSION))   # the adapter's layout
         result = sidecar.answer(wave)
         call = sp.join_answers(rec["tools"], wave, result.answers)
         direct_text = next(a for q, a in zip(wave.queries, result.answers) if q.form == "direct_call")

@@ -19,7 +19,9 @@ are parsed with the runtime's own parsers and compared as canonical compact JSON
 
 Next to them: ``baselines`` (what a constant answer scores on the same slots) and, with ``--base-only``, the
 untrained base (no adapter) as a second floor. ``--records FILE_OR_BENCHMARK`` evaluates zero-shot on any
-records (e.g. ``apibank-l1`` = ``data/dedupe/eval/apibank-l1.jsonl``) instead of heldout request rows.
+records (e.g. ``apibank-l1`` = ``data/dedupe/eval/apibank-l1.jsonl``) instead of heldout request rows. Prompts
+are in the adapter's layout (``sidecar.json``): records are turned into rows in it, and heldout rows built in
+another layout are refused.
 ``max_forwards`` bounds the work (requests are taken in seeded order until the decode forwards are spent), so the
 default pipeline's evaluation of a barely trained adapter stays a few minutes.
 
@@ -45,9 +47,9 @@ from tqdm import tqdm
 
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import canonical_json, load_records, write_json
-from ooospec.pipelines.slot_rows import read_request_rows, request_rows, row_wave
+from ooospec.pipelines.slot_rows import read_request_rows, request_rows, row_wave, rows_layout
 from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.paths import BENCHMARK_DIR
+from ooospec.runtime.paths import BENCHMARK_DIR, sidecar_adapter_dir
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +103,14 @@ def resolve_records(name_or_path: str) -> Path:
                             "`dvc repro dedupe` makes them)")
 
 
-def rows_from_records(path: Path) -> tuple[list[dict], int]:
-    """Request rows of every record's calls; invalid records (:func:`records.load_records`, logged with
-    ``file:line``) and records whose calls name no tool are skipped (and counted)."""
+def rows_from_records(path: Path, layout: int = sp.LAYOUT_VERSION) -> tuple[list[dict], int]:
+    """Request rows (prompt ``layout``) of every record's calls; invalid records (:func:`records.load_records`,
+    logged with ``file:line``) and records whose calls name no tool are skipped (and counted)."""
     read = load_records(path, "skip", what="benchmark records")
     rows, skipped = [], len(read.bad)
     for rec in read.rows:
         try:
-            rows += request_rows(rec)
+            rows += request_rows(rec, layout)
         except (ValueError, KeyError, TypeError) as e:
             skipped += 1
             logger.warning("%s: record %r skipped: %s", path, rec.get("id") if isinstance(rec, dict) else "?", e)
@@ -278,6 +280,13 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     chosen = select_requests(rows, params.max_requests, params.seed)
     if not chosen:
         raise ValueError("no requests to evaluate")
+    layout = rows_layout(list(rows))
+    if base is None:   # before loading any model: the adapter must be asked in the layout it learned
+        learned = sp.read_metadata(sidecar_adapter_dir(adapter_dir))["layout_version"]
+        if learned != layout:
+            raise ValueError(f"{adapter_dir} learned prompt layout {learned} ({sp.LAYOUTS[learned]}), but the "
+                             f"request rows are in layout {layout} ({sp.LAYOUTS[layout]}): rebuild them in the "
+                             "adapter's layout (expand_slots.layout)")
     sidecar, dtype, dtype_why = load_sidecar(Path(adapter_dir) if adapter_dir else None, params, base)
     all_slots, all_answers, joined, gold_calls, per_row = [], [], [], [], []
     waves = {"wave_s": [], "prefill_s": [], "decode_s": [], "queries": [], "forwards": [], "block_tokens": []}
@@ -318,7 +327,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     metrics = {
         "adapter": str(adapter_dir) if base is None else None,
         "base": sidecar.metadata.get("base"),
-        "layout_version": sp.LAYOUT_VERSION,
+        "layout_version": layout,
         "source": source,
         "dtype": dtype,
         "dtype_reason": dtype_why,
@@ -368,7 +377,9 @@ def run_cli(args: argparse.Namespace) -> int:
         params = dataclasses.replace(params, threads=args.threads)
     if args.records:
         path = resolve_records(args.records)
-        rows, skipped = rows_from_records(path)
+        layout = (sp.LAYOUT_VERSION if args.base_only
+                  else sp.read_metadata(sidecar_adapter_dir(args.adapter))["layout_version"])
+        rows, skipped = rows_from_records(path, layout)
         source = f"{path} ({skipped} records skipped)"
     elif args.heldout:
         rows, source = read_request_rows(args.heldout), str(args.heldout)

@@ -4,7 +4,8 @@ One row per request (the k-th call of a record)::
 
     {"id": "<record_id>#<k>", "record_id", "function": <called name>, "tools": [the record's tools],
      "block": "Conversation:\\n...Tools:\\n...",
-     "slots": [{"form", "function", "parameter", "query", "answer"}, ...]}      # wave order, answers = gold
+     "slots": [{"form", "function", "parameter", "query", "answer"}, ...],     # wave order, answers = gold
+     "layout": 3}                     # the prompt layout of the block; only when not 2 (older rows have none)
 
 ``expand_slots`` writes them, ``train_sidecar`` packs them, ``eval_sidecar`` answers them -- and turns any
 benchmark's records into rows with :func:`request_rows` for zero-shot evaluation.
@@ -20,25 +21,43 @@ from ooospec.runtime import sidecar_prompts as sp
 
 ROW_KEYS = ("id", "record_id", "function", "tools", "block", "slots")
 SLOT_KEYS = ("form", "function", "parameter", "query", "answer")
+IMPLICIT_LAYOUT = 2   # rows without a "layout" key: the layout before there was a choice (such rows stay as they were)
 
 
-def request_row(record: dict, k: int) -> dict:
-    """The k-th call of ``record`` as one request row with EVERY slot (index, all tool x parameter, call)."""
+def row_layout(row: dict) -> int:
+    """The prompt layout ``row``'s block was built in (:data:`~ooospec.runtime.sidecar_prompts.LAYOUTS`)."""
+    return row.get("layout", IMPLICIT_LAYOUT)
+
+
+def rows_layout(rows: list[dict], what: str = "request rows") -> int:
+    """The one layout of ``rows``; raises ValueError when they mix layouts or use an unknown one."""
+    layouts = sorted({row_layout(r) for r in rows}, key=repr)
+    if len(layouts) != 1:
+        raise ValueError(f"{what} mix prompt layouts {layouts} (or are empty): build them with one layout")
+    return sp.check_layout(layouts[0])
+
+
+def request_row(record: dict, k: int, layout: int = sp.LAYOUT_VERSION) -> dict:
+    """The k-th call of ``record`` as one request row with EVERY slot (index, all tool x parameter, call), its
+    block built in ``layout``."""
     rid, tools, call = record["id"], record["tools"], record["calls"][k]
-    wave = sp.build_wave(record["messages"], tools, record["calls"][:k], with_direct_call=True)
+    wave = sp.build_wave(record["messages"], tools, record["calls"][:k], with_direct_call=True, layout=layout)
     try:
         answers = sp.gold_answers(wave.queries, tools, call)
     except ValueError as e:
         raise ValueError(f"record {rid!r}, call {k}: {e}") from None
     slots = [{"form": q.form, "function": q.function, "parameter": q.parameter, "query": q.text, "answer": a}
              for q, a in zip(wave.queries, answers)]
-    return {"id": f"{rid}#{k}", "record_id": rid, "function": call["name"], "tools": tools, "block": wave.block,
-            "slots": slots}
+    row = {"id": f"{rid}#{k}", "record_id": rid, "function": call["name"], "tools": tools, "block": wave.block,
+           "slots": slots}
+    if layout != IMPLICIT_LAYOUT:
+        row["layout"] = layout
+    return row
 
 
-def request_rows(record: dict) -> list[dict]:
-    """One row per call of ``record``."""
-    return [request_row(record, k) for k in range(len(record["calls"]))]
+def request_rows(record: dict, layout: int = sp.LAYOUT_VERSION) -> list[dict]:
+    """One row per call of ``record``, built in ``layout``."""
+    return [request_row(record, k, layout) for k in range(len(record["calls"]))]
 
 
 def read_request_rows(path: str | os.PathLike) -> list[dict]:

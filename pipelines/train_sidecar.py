@@ -42,7 +42,7 @@ from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
 from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
-from ooospec.pipelines.slot_rows import read_request_rows
+from ooospec.pipelines.slot_rows import read_request_rows, rows_layout
 from ooospec.pipelines.tracking import configure_wandb
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.paths import DEFAULT_RECIPE
@@ -197,7 +197,8 @@ def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, outpu
 
 # --------------------------------------------------------------------------------------------- resume
 
-def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str) -> str:
+def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str,
+                    layout: int = sp.LAYOUT_VERSION) -> str:
     """What must match for a checkpoint to be resumed: data file, recipe, params and the prompt layout.
 
     The thread count and ``resume`` are not part of it: a run may continue on another number of cores.
@@ -205,7 +206,7 @@ def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str) -
     run_params = {k: v for k, v in as_dict(params).items() if k not in ("threads", "resume")}
     recipe_dict = {k: v for k, v in as_dict(recipe).items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
     return hashlib.sha256(canonical_json({"params": run_params, "recipe": recipe_dict, "data": data_sha,
-                                          "layout": sp.LAYOUT_VERSION}).encode()).hexdigest()
+                                          "layout": layout}).encode()).hexdigest()
 
 
 def _checkpoint_step(ckpt: Path) -> int:
@@ -308,6 +309,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     all_rows = read_request_rows(train_path)
     if not all_rows:
         raise ValueError(f"{train_path}: no request rows to train on")
+    layout = rows_layout(all_rows, f"{train_path}: request rows")   # what the adapter learns (sidecar.json)
     chosen = select_requests(all_rows, params.max_train_requests, params.seed)
     model, tok = load_base(recipe, threads)
     sequences, pack = pack_rows(tok, chosen, recipe.max_len, loss_weights(recipe))
@@ -321,7 +323,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
                 threads_why)
 
     ckpt_dir = out_dir / "checkpoints"
-    resume_from = prepare_checkpoints(ckpt_dir, run_fingerprint(params, recipe, sha256_file(Path(train_path))),
+    resume_from = prepare_checkpoints(ckpt_dir, run_fingerprint(params, recipe, sha256_file(Path(train_path)), layout),
                                       params.resume)
     trainer = build_trainer(model, tok, sequences, recipe, ckpt_dir, params.seed, bf16)
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
@@ -342,7 +344,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "base": recipe.base,
         "base_model_id": recipe.base_model_id,
         "recipe": recipe_source,
-        "layout_version": sp.LAYOUT_VERSION,
+        "layout_version": layout,
         "requests": {"available": len(all_rows), "trained": len(chosen)},
         "slots": {"trained": pack.slots - pack.slots_dropped, "dropped_too_long": pack.slots_dropped,
                   "by_form": count_forms(chosen)},
@@ -378,8 +380,9 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
 
 def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:
     """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (the layout it learned,
-    :func:`~ooospec.runtime.sidecar_prompts.read_metadata` checks it; its base)."""
-    return {**sp.layout_metadata(), "base": recipe.base, "base_model_id": recipe.base_model_id,
+    :func:`~ooospec.runtime.sidecar_prompts.read_metadata` checks it: the layout of the rows it trained on; its
+    base)."""
+    return {**sp.layout_metadata(metrics["layout_version"]), "base": recipe.base, "base_model_id": recipe.base_model_id,
             "lora_r": recipe.lora_r, "requests_trained": metrics["requests"]["trained"],
             "slots_trained": metrics["slots"]["trained"], "steps": metrics["steps"]}
 

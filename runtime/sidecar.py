@@ -270,6 +270,13 @@ class Sidecar:
         return cls(model.eval(), tok, max_new_tokens=max_new_tokens, metadata=meta, max_draft_nodes=max_draft_nodes)
 
     @property
+    def layout(self) -> int:
+        """The prompt layout this sidecar's adapter learned (its metadata's ``layout_version``; default
+        :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION` without one, e.g. an untrained base)."""
+        layout = self.metadata.get("layout_version")
+        return sp.LAYOUT_VERSION if layout is None else sp.check_layout(layout)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         return [self.tokenizer.eos_token_id]
 
@@ -293,7 +300,8 @@ class Sidecar:
 
     def predict(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
                 with_direct_call: bool = False) -> tuple[dict | None, WaveResult]:
-        """The joined call (see :func:`~ooospec.runtime.sidecar_prompts.join_slots`) and the wave's result."""
-        wave = sp.build_wave(messages, tools, prior_calls, with_direct_call)
+        """The joined call (see :func:`~ooospec.runtime.sidecar_prompts.join_slots`) and the wave's result (the
+        wave built in the adapter's layout)."""
+        wave = sp.build_wave(messages, tools, prior_calls, with_direct_call, self.layout)
         result = self.answer(wave)
         return sp.join_answers(tools, wave, result.answers), result

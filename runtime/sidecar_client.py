@@ -182,11 +182,16 @@ class SidecarClient:
         gate: a :class:`~ooospec.runtime.wave_gate.WaveGate` deciding per request whether the wave pays, and which
             queries (None = always the full wave). Report each finished request back with
             :meth:`HintRequest.report`.
+        layout: the prompt layout to build waves in (:data:`~ooospec.runtime.sidecar_prompts.LAYOUTS`; the one the
+            served adapter learned). None = ask the server's ``GET /health`` once, before the first wave: our
+            server reports its adapter's ``layout_version``; a server that reports none (vLLM) gets
+            :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION`. The answer is cached (an unreachable server
+            is asked again next wave).
     """
 
     def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
                  timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False,
-                 gate: WaveGate | None = None):
+                 gate: WaveGate | None = None, layout: int | None = None):
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"sidecar url must be http://host:port, got {base_url!r}")
@@ -194,11 +199,14 @@ class SidecarClient:
             raise ValueError("connect_timeout, timeout, max_response_bytes and max_tokens must be positive")
         self.host, self.port = url.hostname, url.port or 80
         self.path = url.path.rstrip("/") + "/v1/completions"
+        self.health_path = url.path.rstrip("/") + "/health"
         self.model, self.max_tokens = model, max_tokens
         self.connect_timeout, self.timeout = connect_timeout, timeout
         self.max_response_bytes = max_response_bytes
         self.with_direct_call = with_direct_call
         self.gate = gate
+        self.layout = None if layout is None else sp.check_layout(layout)
+        self._layout_lock = threading.Lock()
 
     def submit(self, messages: Sequence[Any], tools: Sequence[Any], *, fmt: ModuleType, tokenizer,
                prior_calls: Sequence[Mapping] = (), arrival: float | None = None) -> HintRequest:
@@ -219,8 +227,16 @@ class SidecarClient:
         arrival = time.perf_counter() if arrival is None else arrival
         wave = None
         if self.gate is not None:
+            try:
+                layout = self.server_layout()     # asks the server once per client: the wave is built here
+            except _Failure as e:
+                req = HintRequest(arrival)
+                req._stats.error, req._stats.error_detail = e.kind, e.detail
+                req._done.set()
+                return req
             t0 = time.perf_counter()
-            decision = self.gate.decide(sp.build_wave(messages, tools, prior_calls, self.with_direct_call), tools)
+            decision = self.gate.decide(sp.build_wave(messages, tools, prior_calls, self.with_direct_call, layout),
+                                        tools)
             req = HintRequest(arrival, self.gate, decision, messages)
             req._stats.build_s = time.perf_counter() - t0
             if decision.wave is None:
@@ -244,13 +260,17 @@ class SidecarClient:
         watchdog.daemon = True
         watchdog.start()
         try:
+            health_s = 0.0
             if wave is None:
-                wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call)
+                t_health = time.perf_counter()
+                layout = self.server_layout(req)        # the server's /health, the first time only
+                health_s = time.perf_counter() - t_health
+                wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call, layout)
             st.n_queries = len(wave.queries)
             body = json.dumps({"model": self.model, "prompt": wave.prompts(), "max_tokens": self.max_tokens,
                                "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
             st.request_bytes = len(body)
-            st.build_s = build_s + time.perf_counter() - st.submit_t
+            st.build_s = build_s + time.perf_counter() - st.submit_t - health_s
             raw = self._post(req, body)
             t0 = time.perf_counter()
             answers, server = parse_response(raw, len(wave.queries))
@@ -280,6 +300,51 @@ class SidecarClient:
         finally:
             watchdog.cancel()
             req._done.set()
+
+    def server_layout(self, req: HintRequest | None = None) -> int:
+        """The layout to build waves in: ``layout`` when given, else the server's (``GET /health``, asked once and
+        cached; :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION` when it reports none or is unreachable,
+        the latter not cached). Raises :class:`_Failure` (``bad_response``) when the server reports a layout this
+        client cannot build."""
+        with self._layout_lock:      # concurrent first waves ask once
+            if self.layout is not None:
+                return self.layout
+            try:
+                raw = self._get_health(req)
+            except (OSError, http.client.HTTPException) as e:
+                logger.info("sidecar /health unreachable (%r): layout %d for now", e, sp.LAYOUT_VERSION)
+                return sp.LAYOUT_VERSION
+            try:
+                health = json.loads(raw) if raw is not None else None
+            except (ValueError, RecursionError):
+                health = None
+            found = health.get("layout_version") if isinstance(health, dict) else None
+            if found is None:
+                self.layout = sp.LAYOUT_VERSION
+            else:
+                try:
+                    self.layout = sp.check_layout(found)
+                except ValueError as e:
+                    raise _Failure("bad_response", f"/health: {e}") from None
+            return self.layout
+
+    def _get_health(self, req: HintRequest | None) -> bytes | None:
+        """The body of ``GET /health`` (None: not 200, or over ``max_response_bytes``); raises OSError /
+        HTTPException when unreachable. A wave's watchdog and cancel() interrupt it like the POST."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+        if req is not None:
+            req._set_conn(conn)
+        try:
+            conn.connect()
+            conn.sock.settimeout(self.timeout)
+            conn.request("GET", self.health_path, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read(self.max_response_bytes + 1)
+            return raw if resp.status == 200 and len(raw) <= self.max_response_bytes else None
+        finally:
+            if req is not None:
+                req._set_conn(None)
+            conn.close()
 
     def _post(self, req: HintRequest, body: bytes) -> bytes:
         """POST the wave; the response body (at most ``max_response_bytes``). Raises :class:`_Failure`."""

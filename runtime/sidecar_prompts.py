@@ -1,10 +1,12 @@
 """The sidecar's contract: what training, the sidecar server and its client must agree on, in one torch-free module.
 
-* layout: the texts of a request's shared block and its slot queries (:func:`build_wave`, :data:`LAYOUT_VERSION`);
+* layout: the texts of a request's shared block and its slot queries (:func:`build_wave`, :data:`LAYOUTS`,
+  :data:`LAYOUT_VERSION` the default);
 * tokenization: block and queries tokenized apart (:func:`encode_wave`);
 * answers: their one serialization (:func:`compact_json`), the gold answers (:func:`gold_answers`) and parsing;
 * joining: a wave's answers into one call (:func:`join_slots`, :func:`join_answers`);
-* adapter metadata: ``sidecar.json`` records the layout an adapter learned (:func:`read_metadata` refuses another).
+* adapter metadata: ``sidecar.json`` records the layout an adapter learned (:func:`read_metadata` returns it and
+  refuses one this module cannot build).
 
 ``expand_slots`` builds its rows, ``train_sidecar`` packs them (:mod:`ooospec.pipelines.packing`), the sidecar
 (:mod:`ooospec.runtime.sidecar`, :mod:`ooospec.runtime.serve.sidecar_app`) answers waves, and the client
@@ -16,7 +18,13 @@ conversation, then every tool with its parameters -- followed by a short per-slo
 byte-identical for all queries of a request, so its KV is computed once: the runtime's wave
 (:mod:`ooospec.runtime.sidecar`) prefills the block and decodes every answer as a branch of one tree, and
 training packs a request's block and all its query/answer segments into one sequence
-(:mod:`ooospec.pipelines.packing`). An adapter records the layout it was trained on and refuses another.
+(:mod:`ooospec.pipelines.packing`). An adapter records the layout it was trained on; the runtime builds that one.
+
+Layouts (:data:`LAYOUTS`): 2 "context first" (above, the default: :data:`LAYOUT_VERSION`) and 3 "tools first"
+(the same two sections in the other order: tools, then conversation; same views, query lines and answers). An
+agent keeps one toolbox across thousands of requests, so a tools-first block starts with text that repeats
+across requests (a server may reuse its KV; this module only builds the texts). Every builder takes a
+``layout`` argument (default :data:`LAYOUT_VERSION`).
 
 Each answer is ONE compact JSON value (no spaces, ``ensure_ascii=False``) followed by EOS:
 
@@ -61,6 +69,19 @@ and the wave's queries are ``Query: tool index\\n`` (answer ``0``), ``Query: get
 (``"Paris"``), ``Query: get_weather.unit\\n`` (``"celsius"``) and ``Query: get_time.tz\\n`` (``null``); the
 direct-call query ``Query: call\\n`` answers ``{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}``.
 A full prompt is ``block + query``; the answer follows it directly (no trailing newline; EOS ends it).
+
+The same request in layout 3 ("tools first") has the block::
+
+    Tools:
+    [0] get_weather - Current weather for a city.
+      city (string, required): City name.
+      unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.
+    [1] get_time - Current time in a time zone.
+      tz (string, required)
+    Conversation:
+    user: Weather in Paris, in celsius?
+
+followed by the same queries with the same answers (``Query: tool index\n`` -> ``0``, ...).
 """
 
 from __future__ import annotations
@@ -80,7 +101,8 @@ Form = Literal["function_index", "argument", "direct_call"]
 FORMS: tuple[Form, ...] = ("function_index", "argument", "direct_call")
 WAVE_FORMS: tuple[Form, ...] = ("function_index", "argument")   # what the runtime asks at request arrival
 
-LAYOUT_VERSION = 2              # bump on any change of the texts below; adapters record the version they learned
+LAYOUTS: dict[int, str] = {2: "context first", 3: "tools first"}   # every layout this module builds
+LAYOUT_VERSION = 2              # the default layout (what new training uses); a new text change is a new layout
 MAX_CONTEXT_CHARS = 3000        # conversation view budget (characters, after whitespace collapsing)
 MAX_DESCRIPTION_CHARS = 120     # per tool / parameter description
 MAX_ENUM_VALUES = 12            # enum values shown in a type view, then "|..."
@@ -216,9 +238,21 @@ def context_view(messages: Sequence[Any], prior_calls: Sequence[Mapping] = ()) -
     return "\n".join(out)
 
 
-def shared_block(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = ()) -> str:
-    """The block every query of a request shares: conversation, then the numbered tools with parameters."""
-    return f"Conversation:\n{context_view(messages, prior_calls)}\nTools:\n{tools_view(tools)}\n"
+def check_layout(layout: Any) -> int:
+    """``layout`` when it is one of :data:`LAYOUTS`; raises ValueError otherwise."""
+    if isinstance(layout, bool) or layout not in LAYOUTS:
+        raise ValueError(f"unknown sidecar prompt layout {layout!r}; known: "
+                         + ", ".join(f"{k} ({v})" for k, v in LAYOUTS.items()))
+    return layout
+
+
+def shared_block(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
+                 layout: int = LAYOUT_VERSION) -> str:
+    """The block every query of a request shares: the conversation and the numbered tools with parameters, in
+    the order of ``layout`` (2: conversation first, 3: tools first). Raises ValueError for an unknown layout."""
+    context = f"Conversation:\n{context_view(messages, prior_calls)}\n"
+    toolbox = f"Tools:\n{tools_view(tools)}\n"
+    return toolbox + context if check_layout(layout) == 3 else context + toolbox
 
 
 def argument_query(tool: Any, parameter: str) -> str:
@@ -292,13 +326,15 @@ class Wave:
 
 
 def build_wave(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
-               with_direct_call: bool = False) -> Wave:
+               with_direct_call: bool = False, layout: int = LAYOUT_VERSION) -> Wave:
     """The index query, one argument query per (tool, parameter) in request / schema order, then optionally the
     direct-call query.
 
     For tools ``f(a, b)`` and ``g(c)`` this is 4 queries: index, f.a, f.b, g.c (+ call). Tools without a usable
-    name are listed in the block (their index still counts) but get no argument queries.
+    name are listed in the block (their index still counts) but get no argument queries. ``layout`` orders the
+    block (:func:`shared_block`); the queries are the same in every layout.
     """
+    block = shared_block(messages, tools, prior_calls, layout)
     queries = [SlotQuery("function_index", None, None, INDEX_QUERY)]
     for tool in tools:
         name = tool_name(tool)
@@ -308,7 +344,7 @@ def build_wave(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Seque
             queries.append(SlotQuery("argument", name, p, argument_query(tool, p)))
     if with_direct_call:
         queries.append(SlotQuery("direct_call", None, None, CALL_QUERY))
-    return Wave(shared_block(messages, tools, prior_calls), tuple(queries))
+    return Wave(block, tuple(queries))
 
 
 def encode_wave(tokenizer, wave: Wave) -> tuple[list[int], list[list[int]]]:
@@ -430,22 +466,23 @@ class LayoutMismatch(ValueError):
     """The adapter was trained on another prompt layout than this runtime builds."""
 
 
-def layout_metadata() -> dict[str, int]:
-    """The part of ``sidecar.json`` this layout depends on: ``{"layout_version": LAYOUT_VERSION}``."""
-    return {"layout_version": LAYOUT_VERSION}
+def layout_metadata(layout: int = LAYOUT_VERSION) -> dict[str, int]:
+    """The part of ``sidecar.json`` the layout depends on: ``{"layout_version": layout}``."""
+    return {"layout_version": check_layout(layout)}
 
 
 def read_metadata(adapter_dir: str | os.PathLike) -> dict:
-    """The adapter's ``sidecar.json``; raises :class:`LayoutMismatch` unless it records :data:`LAYOUT_VERSION`."""
+    """The adapter's ``sidecar.json``, whose ``layout_version`` is the layout to build its prompts with; raises
+    :class:`LayoutMismatch` unless that is one of :data:`LAYOUTS`."""
     path = Path(adapter_dir) / METADATA_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{adapter_dir}: no {METADATA_FILE}; is this a sidecar adapter folder "
                                 "(made by `python -m ooospec.pipelines.train_sidecar`)?")
     meta = json.loads(path.read_text(encoding="utf-8"))
     found = meta.get("layout_version")
-    if found != LAYOUT_VERSION:
+    if isinstance(found, bool) or found not in LAYOUTS:
         raise LayoutMismatch(
             f"{adapter_dir}: the adapter was trained on sidecar prompt layout {found!r}, but this runtime builds "
-            f"layout {LAYOUT_VERSION}; its answers would be meaningless. Retrain it (`dvc repro train_sidecar`) "
-            "or use an ooo-spec release that builds that layout.")
+            f"layouts {sorted(LAYOUTS)} only; its answers would be meaningless. Retrain it "
+            "(`dvc repro train_sidecar`) or use an ooo-spec release that builds that layout.")
     return meta

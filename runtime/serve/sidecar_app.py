@@ -20,13 +20,14 @@ per prompt. Prompts without such a block (or whose split tokenization disagrees 
 prompt, see below) are tokenized whole and still answered exactly, sharing their common token prefix.
 
 Tokenization, and running the same client against vLLM: vLLM tokenizes each full prompt, this server tokenizes
-block and query apart (as training does, :func:`~ooospec.runtime.sidecar_prompts.encode_wave`). For the layout-v2
-prompts (the block ends with ``"\\n"``, the query starts with ``Query:``) the two agree on byte-level BPE
-tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a newline and a
-following letter, and BPE merges never cross a split. The server checks this per request on the first prompt and
-for queries starting with whitespace, and tokenizes whole prompts when it fails (e.g. SentencePiece tokenizers
-that add a prefix space to the query). ``tests/runtime/test_sidecar_server.py`` tests the claim on byte-level BPE
-tokenizers trained in the test. The GPU deployment of the paper serves the same adapter with vLLM::
+block and query apart (as training does, :func:`~ooospec.runtime.sidecar_prompts.encode_wave`). For the
+sidecar's prompts (every layout: the block ends with ``"\\n"``, the query starts with ``Query:``) the two agree on
+byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a
+newline and a following letter, and BPE merges never cross a split. The server checks this per request on the
+first prompt and for queries starting with whitespace, and tokenizes whole prompts when it fails (e.g.
+SentencePiece tokenizers that add a prefix space to the query). ``tests/runtime/test_sidecar_server.py`` tests
+the claim on byte-level BPE tokenizers trained in the test. The GPU deployment of the paper serves the same
+adapter with vLLM::
 
     vllm serve BASE --enable-lora --lora-modules sidecar=DIR --enable-prefix-caching
 
@@ -284,7 +285,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_name, "layout_version": sidecar.metadata.get("layout_version"),
+        return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
                 "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0))}
 

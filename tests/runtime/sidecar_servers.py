@@ -59,12 +59,15 @@ class StandIn:
     ``answers``: the texts a good server returns (mode ``by_query``: :data:`ANSWERS_BY_QUERY` by each prompt's
     query line, with :data:`SERVER_STATS`). ``received`` records
     ``(time.perf_counter(), request JSON)`` per request. With a ``gate``, every answer waits until the test sets
-    it (or the server stops), so a test knows the client cannot have had an answer before that.
+    it (or the server stops), so a test knows the client cannot have had an answer before that. ``GET /health``
+    answers ``health`` (default ``{"status": "ok"}``, no layout: like vLLM) and is counted in ``health_gets``.
     """
 
     def __init__(self, mode: str, answers: list[str] | None = None, gate: threading.Event | None = None):
         self.mode, self.answers, self.gate = mode, answers or [], gate
         self.received: list[tuple[float, dict]] = []
+        self.health: dict = {"status": "ok"}
+        self.health_gets = 0
         self.stop_event = threading.Event()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
@@ -126,7 +129,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._send(200, b'{"status": "ok"}')
+        st: StandIn = self.server.standin
+        st.health_gets += 1
+        self._send(200, json.dumps(st.health).encode())
 
     def do_POST(self) -> None:
         st: StandIn = self.server.standin
