@@ -123,8 +123,14 @@ def test_hf_forward_counting(results):
             assert 0 <= row["draft_s"] <= row["decode_s"]
             assert len(row["proposed"]) == row["forwards"]
             assert all(t - 1 <= p for t, p in zip(row["tree_sizes"], row["proposed"]))
-        if row["method"] in ("pld", "toolspec", "hf-pld"):
-            assert 1 <= row["forwards"] <= row["new_tokens"] and len(row["tree_sizes"]) == row["forwards"]
+        if row["method"] in ("pld", "toolspec", "toolspec-fixed"):
+            # every step commits its accepted drafts + the bonus token; only the last may be cut by the stop rule
+            full = [a + 1 for a in row["accepted"]]
+            assert len(row["tree_sizes"]) == len(full) == row["forwards"]
+            assert sum(full[:-1]) < row["new_tokens"] <= sum(full)
+            assert all(a < t for a, t in zip(row["accepted"], row["tree_sizes"]))   # accepted nodes are in the tree
+        if row["method"] == "hf-pld":
+            assert len(row["tree_sizes"]) == row["forwards"] and 1 <= row["forwards"] <= row["new_tokens"]
 
 
 def test_examples_in_id_order_and_stop_rule(results):
