@@ -221,8 +221,13 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
             def guesser(messages: list[dict], tools: list, turn: int):
                 g = make(messages, tools, turn)
                 return HintsOnly(g) if g is not None else None
+    # the sidecar's next block is prefilled while each tool runs (the idle window), whenever a sidecar is asked
+    idle = None
+    if speculator == "sidecar" and client is not None and guesser is not None:
+        def idle(messages: list[dict], tools: list) -> None:
+            client.prefill(messages, tools)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
-                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn)
+                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle)
     turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,
               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "origin": s.origin,
               "prefilled_tokens": s.prompt_tokens - 1 - s.cached_tokens, "gen_s": s.gen_s,

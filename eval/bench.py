@@ -17,6 +17,14 @@ The roofline. ``env.roofline`` holds the CPU, its ISA flags that matter, and thi
 run's dtype and threads (:func:`ooospec.runtime.hardware.roofline`, cached): peak matmul FLOP/s and memory bytes/s;
 each method's summary gives the target's achieved rates as fractions of them.
 
+Hints. Method ``ooospec`` takes its hints from ``--hints``: ``sidecar`` (default; ``env.sidecar_adapter`` records
+the adapter that made them: its path, the sha256 of its ``adapter_model.safetensors`` and its ``sidecar.json``
+``layout_version``), ``gold`` (the gold call) or ``oracle`` (the call the target itself writes: ``ar``'s output of the
+same request), the last two at time zero. ``ooospec-gold`` and ``ooospec-oracle`` are those ceilings as methods of
+their own, so one run can compare them with the sidecar::
+
+    ooospec bench --target qwen2.5-coder-0.5b --dataset apibank-l1 --methods ar,ooospec,ooospec-gold,ooospec-oracle
+
 ``--out`` is rewritten after every example with ``"partial": true`` (the rows so far and their summary), and a
 last time with ``"partial": false``; a run that is stopped early keeps what it measured.
 """
@@ -43,12 +51,13 @@ from ooospec.eval.harness import (
     load_examples,
     record_ids_of,
     run_bench,
+    sidecar_adapter_record,
     start_hints,
 )
 from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS
 from ooospec.pipelines.records import write_json
-from ooospec.runtime import hardware
+from ooospec.runtime import hardware, methods
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
 
@@ -92,8 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the peak FLOP/s and bandwidth probes (cached after the first run on a machine)")
     p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
     g = p.add_argument_group("ooospec (sidecar hints)")
-    g.add_argument("--hints", choices=("sidecar", "gold"), default="sidecar",
-                   help="method ooospec's hints: the sidecar (default) or the gold call at time zero (the ceiling)")
+    g.add_argument("--hints", choices=methods.HINT_SOURCES, default="sidecar",
+                   help="method ooospec's hints: the sidecar (default), or at time zero the gold call or the call "
+                        "the target itself writes (oracle: ar's output of the same request; the ceiling)")
     g.add_argument("--sidecar-url", default=None,
                    help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
                         "shipped adapter for the run and stop it after")
@@ -116,7 +126,7 @@ def hint_options(args: argparse.Namespace) -> HintOptions:
     """``--hints`` and ``--sidecar-*`` (and ``--dtype``, the sidecar server's too) as :class:`HintOptions`."""
     return HintOptions(source=args.hints, sidecar_url=args.sidecar_url, sidecar_model=args.sidecar_model,
                        sidecar_adapter=args.sidecar_adapter, sidecar_deploy=args.sidecar_deploy,
-                       sidecar_gate=args.sidecar_gate == "on", dtype=args.dtype)
+                       sidecar_gate=args.sidecar_gate == "on", dtype=args.dtype, warm_tools=args.warm_tools)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -183,6 +193,8 @@ def _run_with(args, names, records, out, threads, dtype, backend, gguf, model, t
     roof = hardware.roofline(roof_dtype, threads[0]) if args.roofline and args.device == "cpu" else None
     env = environment(threads, dtype, args.dtype, model, roof)
     env.update(backend_env(backend, model))
+    # the adapter behind method ooospec's sidecar hints: path, sha256 of its weights, layout (None: no sidecar)
+    env["sidecar_adapter"] = sidecar_adapter_record(hint_options(args)) if "ooospec" in names else None
     config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
               "backend": backend[0], "reference": REFERENCES[backend[0]],
               "gguf": None if gguf is None else str(gguf),

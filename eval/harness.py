@@ -37,13 +37,18 @@ Methods: ``ar``, ``pld``, ``toolspec`` run on the engine with the budget tree po
 ``toolspec-fixed`` are the same drafters with the fixed 32-node budget (``policy="fixed"``), for comparison.
 A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult`` (:mod:`ooospec.eval.method_api`,
 built by :func:`build_methods`): engine methods and the HF peers of :mod:`ooospec.eval.peers`. Method
-``ooospec`` takes its hints from a source that :func:`start_hints` starts from :class:`HintOptions`.
+``ooospec`` takes its hints from a source that :func:`start_hints` starts from :class:`HintOptions`;
+``ooospec-gold`` from the gold call and ``ooospec-oracle`` from ``ar``'s output of the same example (the harness
+hands it over in :class:`~ooospec.eval.method_api.BenchContext` ``reference_tokens``, set after ``ar`` ran on the
+example and cleared when the next one starts), both at time zero. The results' ``env.sidecar_adapter``
+(:func:`sidecar_adapter_record`) names the adapter that made ``ooospec``'s sidecar hints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import os
 import platform
@@ -55,7 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -65,10 +70,10 @@ from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.eval.llamacpp_peers import peer_factory as llamacpp_peer_factory
 from ooospec.eval.method_api import BenchContext, MethodFactory, MethodFn, MethodResult
 from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS, summarize_hints
-from ooospec.pipelines.records import iter_jsonl, load_records
+from ooospec.pipelines.records import iter_jsonl, load_records, sha256_file
 from ooospec.runtime import hardware, methods, metrics
 from ooospec.runtime.cost_model import Footprint, footprint
-from ooospec.runtime.paths import PACKAGE_ROOT
+from ooospec.runtime.paths import PACKAGE_ROOT, sidecar_adapter_dir
 from ooospec.runtime.verify import tie_margin_of
 
 BASELINE = "ar"
@@ -114,15 +119,15 @@ def method_result(r) -> MethodResult:
 
 
 class WarmCache:
-    """The ``--warm-tools`` hook of engine methods: ``warm(prefix)`` (untimed) prefills ``prefix`` into a cache
-    that the next call continues from; a call not preceded by ``warm`` starts from an empty cache (cold)."""
+    """The ``--warm-tools`` hook of engine methods: ``warm(prefix, ctx)`` (untimed) prefills ``prefix`` into a
+    cache that the next call continues from; a call not preceded by ``warm`` starts from an empty cache (cold)."""
 
     def __init__(self, model):
         self.model = model
         self.kv = None
         self.armed = False
 
-    def warm(self, prefix: Sequence[int]) -> None:
+    def warm(self, prefix: Sequence[int], ctx: BenchContext | None = None) -> None:
         from ooospec.runtime.kv_cache import new_kv_cache
 
         if self.kv is None:
@@ -166,7 +171,14 @@ def decoder_method(decoder, hints=None) -> MethodFn:
         decoder.observe(prompt_ids, res.tokens)
         return res
 
-    run.warm = cache.warm
+    def warm(prefix: Sequence[int], ctx: BenchContext | None = None) -> None:
+        """``--warm-tools``: the target's system + tools block, and the hint source's toolbox (the sidecar's),
+        computed before the clock starts."""
+        cache.warm(prefix)
+        if ctx is not None and hasattr(hints, "warm"):
+            hints.warm(ctx)
+
+    run.warm = warm
     return run
 
 
@@ -208,9 +220,10 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
     A factory returns a fresh callable (fresh engine, fresh drafter state and acceptance estimates) each time it
     is called. ``NAME-fixed`` is engine method ``NAME`` with the fixed node budget instead of the budget policy.
     ``ooospec`` takes its hints from ``hints`` (a :class:`~ooospec.eval.ooospec_method.BenchHints`, e.g. a running
-    sidecar); ``ooospec-gold`` always from the gold call (the ceiling).
+    sidecar); ``ooospec-gold`` always from the gold call, ``ooospec-oracle`` from ``ar``'s output of the same
+    example (the ceilings).
     """
-    from ooospec.eval.ooospec_method import GoldHints
+    from ooospec.eval.ooospec_method import TIME_ZERO_HINTS
 
     unknown = [n for n in names if n not in KNOWN_METHODS]
     if unknown:
@@ -228,11 +241,12 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
         method = methods.REGISTRY[name]
         if method.is_engine:
             if method.hints == "sidecar" and hints is None:
-                raise ValueError(f"method {name!r} needs a hint source (a sidecar, or --hints gold)")
+                raise ValueError(f"method {name!r} needs a hint source (a sidecar, or --hints gold / oracle)")
             kw = {"record_margins": True} if name == BASELINE else {}
             factories[name] = lambda method=method, kw=kw: decoder_method(
                 methods.RequestDecoder(method, model, eos_token_ids=eos_token_ids, **kw),
-                hints={"sidecar": hints, "gold": GoldHints()}.get(method.hints) if method.hints else None)
+                hints=None if method.hints is None
+                else hints if method.hints == "sidecar" else TIME_ZERO_HINTS[method.hints]())
         elif name in LLAMACPP_PEERS:
             factories[name] = llamacpp_peer_factory(name, gguf, threads=threads or hardware.available_cores(),
                                                     pld_tokens=pld_tokens)
@@ -378,10 +392,12 @@ def run_bench(
 
     # warm-up: the first prompt with a short budget (kernels, allocator, caches); instances are thrown away
     warm_ctx = dataclasses.replace(ctx, record=records[0], max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
-    for factory in factories.values():
+    for name, factory in factories.items():
         fn = factory()
         for _ in range(warmup):
-            fn(prompts[0], warm_ctx)
+            res = fn(prompts[0], warm_ctx)
+            if name == BASELINE:   # the oracle hint source's reference (ar runs first: build_methods' order)
+                warm_ctx.set_reference(records[0]["id"], res.tokens)
     methods = {name: factory() for name, factory in factories.items()}
     if warm_tools:
         from ooospec.runtime.chat import system_tools_block
@@ -396,18 +412,20 @@ def run_bench(
     examples: list[dict] = []
     for i, (rec, prompt) in enumerate(tqdm(list(zip(records, prompts)), desc="bench", disable=not progress)):
         ctx.record = rec
+        ctx.set_reference(None, None)   # ar's output of this example, once ar has run on it (the oracle's hints)
         rows, ar_margins = {}, None
         warm_len = min(blocks[i], len(prompt) - 1) if warm_tools else 0
         for name, fn in methods.items():
             if settle is not None:
                 settle()
             if warm_len:
-                fn.warm(prompt[:warm_len])
+                fn.warm(prompt[:warm_len], ctx)
             time_s, res = _timed(fn, prompt, ctx)
             rows[name] = _row(rec["id"], name, len(prompt), time_s, res, tokenizer, fp)
             rows[name]["warm_tokens"] = warm_len
             if name == BASELINE:
                 ar_margins = res.margins
+                ctx.set_reference(rec["id"], res.tokens)
         compare_rows(rows, ar_margins, tie_tol, reference)
         examples.extend(rows.values())
         if on_example is not None:
@@ -561,25 +579,29 @@ def backend_env(backend: tuple[str, str], model) -> dict:
 class HintOptions:
     """Where method ``ooospec`` takes its hints from (``ooospec bench --hints/--sidecar-*``, the transfer stage).
 
-    ``source="gold"``: the gold call at time zero (the ceiling), no sidecar. ``source="sidecar"``: the sidecar
+    ``source="gold"``: the gold call at time zero, no sidecar; ``source="oracle"``: the call ``ar`` wrote for the
+    same request, at time zero, no sidecar (the ceilings). ``source="sidecar"``: the sidecar
     server at ``sidecar_url``, or, when None, one started for the run from ``sidecar_adapter`` (None:
     ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter) at ``dtype``, placed as deployment ``sidecar_deploy``
     (:data:`~ooospec.eval.ooospec_method.DEPLOYMENTS`); ``sidecar_model`` is the served model name.
     ``sidecar_gate``: send each request's wave only when it pays, cut to the queries that pay
     (:func:`~ooospec.eval.ooospec_method.wave_gate_for`, the deployment's prior); False: always the full wave.
+    ``warm_tools``: the bench's ``--warm-tools``: the started server keeps block KV across waves and each
+    request's toolbox is prefilled before its clock starts; False (cold): the started server keeps none.
     """
 
-    source: Literal["sidecar", "gold"] = "sidecar"
+    source: methods.HintSourceName = "sidecar"
     sidecar_url: str | None = None
     sidecar_model: str = "sidecar"
     sidecar_adapter: str | None = None
     sidecar_deploy: str = DEFAULT_DEPLOYMENT
     sidecar_gate: bool = False
     dtype: str = "auto"
+    warm_tools: bool = False
 
     def __post_init__(self):
-        if self.source not in ("sidecar", "gold"):
-            raise ValueError(f"hint source {self.source!r}: expected 'sidecar' or 'gold'")
+        if self.source not in methods.HINT_SOURCES:
+            raise ValueError(f"hint source {self.source!r}: expected one of {list(methods.HINT_SOURCES)}")
         if self.sidecar_deploy not in DEPLOYMENTS:
             raise ValueError(f"sidecar deployment {self.sidecar_deploy!r}: expected one of {sorted(DEPLOYMENTS)}")
 
@@ -591,10 +613,10 @@ def start_hints(options: HintOptions, bench_threads: int):
         options: where the hints come from.
         bench_threads: the threads the bench runs at (the deployment places the server around them).
     """
-    from ooospec.eval.ooospec_method import GoldHints, SidecarHints, server_placement, wave_gate_for
+    from ooospec.eval.ooospec_method import TIME_ZERO_HINTS, SidecarHints, server_placement, wave_gate_for
 
-    if options.source == "gold":
-        return None, GoldHints()
+    if options.source != "sidecar":
+        return None, TIME_ZERO_HINTS[options.source]()
     from ooospec.runtime.sidecar_client import SidecarClient, launch_sidecar
 
     deploy = DEPLOYMENTS[options.sidecar_deploy]
@@ -603,9 +625,45 @@ def start_hints(options: HintOptions, bench_threads: int):
         cpus, server_threads = server_placement(deploy, bench_threads)
         print(f"starting the sidecar ({options.sidecar_adapter or 'shipped adapter'}, deployment {deploy.name}: "
               f"cpus {cpus or 'all'}, {server_threads} thread(s))", file=sys.stderr)
-        proc = launch_sidecar(options.sidecar_adapter, threads=server_threads, cpus=cpus, dtype=options.dtype)
+        # cold runs start every wave from nothing; warm runs keep the block KV (a toolbox is prefilled once)
+        proc = launch_sidecar(options.sidecar_adapter, threads=server_threads, cpus=cpus, dtype=options.dtype,
+                              prefix_cache_tokens=None if options.warm_tools else 0)
         url = proc.url
     hints = SidecarHints(SidecarClient(url, model=options.sidecar_model), deploy, bench_threads)
     if options.sidecar_gate:
         hints.client.gate = wave_gate_for(deploy)
     return proc, hints
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"   # the peft weights file in a sidecar adapter folder
+
+
+def adapter_record(adapter: str | os.PathLike) -> dict:
+    """``{"path", "sha256", "layout_version"}`` of the sidecar adapter folder ``adapter``: its absolute path, the
+    sha256 (hex) of its :data:`ADAPTER_WEIGHTS` and its ``sidecar.json`` ``layout_version`` (None for a file
+    that is missing, and for a ``sidecar.json`` that cannot be read)."""
+    from ooospec.runtime.sidecar_prompts import METADATA_FILE
+
+    path = Path(adapter).resolve()
+    weights, meta_path = path / ADAPTER_WEIGHTS, path / METADATA_FILE
+    layout = None
+    if meta_path.is_file():
+        try:
+            layout = json.loads(meta_path.read_text(encoding="utf-8")).get("layout_version")
+        except (ValueError, AttributeError):
+            layout = None
+    return {"path": str(path), "sha256": sha256_file(weights) if weights.is_file() else None,
+            "layout_version": layout}
+
+
+def sidecar_adapter_record(options: HintOptions) -> dict | None:
+    """Which adapter made the sidecar hints of a run with ``options`` (the results' ``env.sidecar_adapter``):
+    :func:`adapter_record` of ``sidecar_adapter`` (None: ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter,
+    as :func:`start_hints` launches it) plus ``url``, the already running server if one was named. For such a
+    server without ``sidecar_adapter`` the adapter is unknown: ``path``, ``sha256`` and ``layout_version`` are
+    None. None when the hints come from no sidecar (``gold``, ``oracle``)."""
+    if options.source != "sidecar":
+        return None
+    if options.sidecar_url is not None and options.sidecar_adapter is None:
+        return {"path": None, "sha256": None, "layout_version": None, "url": options.sidecar_url}
+    return {**adapter_record(sidecar_adapter_dir(options.sidecar_adapter)), "url": options.sidecar_url}

@@ -59,7 +59,7 @@ class LlamaCppPeer:
         self.llm.eval(list(prefix))
         self._q_lens.clear()
 
-    def warm(self, prefix: Sequence[int]) -> None:
+    def warm(self, prefix: Sequence[int], ctx: BenchContext | None = None) -> None:
         """The bench's ``--warm-tools`` hook: the next call starts from ``prefix`` in the cache."""
         self.prefill(prefix)
         self._armed = True

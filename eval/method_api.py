@@ -30,12 +30,17 @@ class MethodResult:
     draft_s: float | None = None        # seconds spent drafting (inside decode_s), when the method knows
     step_s: list[float] | None = None   # [n_forwards] seconds of each step (drafting + forward), when the method knows
     note: str = ""
-    hints: dict | None = None           # sidecar / gold hint instrumentation of this request (ooospec methods)
+    hints: dict | None = None           # sidecar / gold / oracle hint instrumentation of this request (ooospec)
 
 
 @dataclass
 class BenchContext:
-    """Everything a method may use besides the prompt ids. ``record`` changes per example."""
+    """Everything a method may use besides the prompt ids. ``record`` changes per example.
+
+    ``reference_tokens``: the tokens the baseline ``ar`` generated for ``reference_id`` (a record id). The harness
+    clears both when an example starts and sets them once ``ar`` has run on it, before the other methods; only the
+    oracle hint source (method ``ooospec-oracle``, ``--hints oracle``) reads them.
+    """
 
     model: Any
     tokenizer: Any
@@ -44,6 +49,13 @@ class BenchContext:
     max_new_tokens: int
     stop: Callable[[Sequence[int]], bool]
     record: dict = field(default_factory=dict)
+    reference_tokens: list[int] | None = None   # ar's output for the record ``reference_id`` (the oracle's hints)
+    reference_id: str | None = None
+
+    def set_reference(self, record_id: str | None, tokens: Sequence[int] | None) -> None:
+        """``ar``'s tokens for record ``record_id`` (None, None: no reference yet for the current example)."""
+        self.reference_id = record_id
+        self.reference_tokens = None if tokens is None else list(tokens)
 
 
 MethodFn = Callable[[list[int], BenchContext], MethodResult]

@@ -6,9 +6,14 @@ drafters and a :class:`~ooospec.runtime.hints.HintDrafter` on that request, and 
 blocking and, once the hint bank is ready, adds suffix-matched hint branches to the trees. The target stays the
 only commit authority: output == greedy AR whatever the sidecar answers, or whether it answers at all.
 
-Hint sources (:class:`BenchHints`): :class:`SidecarHints` (the real thing) and :class:`GoldHints`, the ceiling
-(``--hints gold``, method ``ooospec-gold``): the benchmark's gold call through the same views and bank, ready at
-time zero, no sidecar -- how fast ``ooospec`` could be with perfect, free hints. A diagnostic, never a headline.
+Hint sources (:class:`BenchHints`): :class:`SidecarHints` (the real thing), and two ceilings through the same
+views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
+
+- :class:`GoldHints` (``--hints gold``, method ``ooospec-gold``): the benchmark's gold call.
+- :class:`OracleHints` (``--hints oracle``, method ``ooospec-oracle``): the call the target itself writes for the
+  request (``ar``'s output of the same example, parsed with the format's ``parse_calls``). Gold can differ from
+  what the target writes (another argument order, spelling, value), so this is the ceiling of what any sidecar's
+  hints can give: how fast ``ooospec`` could be with perfect, free hints.
 
 Deployments on one CPU box (:data:`DEPLOYMENTS`; the baselines always run at the bench's own threads):
 
@@ -85,22 +90,65 @@ class BenchHints(Protocol):
         ...
 
 
-class GoldHints:
-    """The ceiling: the record's gold call rendered into the bank at time zero (no sidecar)."""
+class TimeZeroHints:
+    """A call known before the request arrives (:meth:`calls`), rendered into the bank at time zero (no sidecar).
 
-    name = "gold"
+    The row's instrumentation: the drafter's stats, ``source`` (:attr:`name`), ``ready_s`` 0, ``call`` (the call
+    in the bank, None when there is none) and ``target_sidecar_s`` (building the bank + suffix matching).
+    """
+
+    name = ""
+
+    def calls(self, ctx) -> list[dict]:
+        """The calls of the request in ``ctx`` to hint with (only the first is used, like a sidecar's one call)."""
+        raise NotImplementedError
 
     def start(self, ctx, arrival: float):
         from ooospec.runtime.hints import HintBank
 
         t0 = time.perf_counter()
-        bank = HintBank.from_calls(ctx.record["calls"][:1], ctx.fmt, ctx.tokenizer)
+        calls = list(self.calls(ctx))[:1]
+        bank = HintBank.from_calls(calls, ctx.fmt, ctx.tokenizer)
         self._build_s = time.perf_counter() - t0
+        self._call = calls[0] if calls else None
         return bank
 
     def finish(self, source, drafter, result) -> dict:
         stats = drafter.stats(result).to_dict()
-        return {**stats, "source": "gold", "ready_s": 0.0, "target_sidecar_s": self._build_s + stats["match_s"]}
+        return {**stats, "source": self.name, "ready_s": 0.0, "call": self._call,
+                "target_sidecar_s": self._build_s + stats["match_s"]}
+
+
+class GoldHints(TimeZeroHints):
+    """A ceiling: the record's gold call."""
+
+    name = "gold"
+
+    def calls(self, ctx) -> list[dict]:
+        return ctx.record["calls"]
+
+
+class OracleHints(TimeZeroHints):
+    """The ceiling of any sidecar: the call the target writes for this request, from ``ar``'s tokens of the same
+    example (``ctx.reference_tokens``, which the harness sets after ``ar`` ran on it), parsed with the format's
+    ``parse_calls``; no call in them gives an empty bank. Never reads the gold call.
+
+    Raises:
+        ValueError: ``ar`` has not run on this example first (no reference, or one for another record).
+    """
+
+    name = "oracle"
+
+    def calls(self, ctx) -> list[dict]:
+        record_id = ctx.record.get("id")
+        if ctx.reference_tokens is None or ctx.reference_id != record_id:
+            have = "none" if ctx.reference_tokens is None else f"one for {ctx.reference_id!r}"
+            raise ValueError(f"oracle hints for {record_id!r} need the baseline 'ar' output of that same request "
+                             f"(have {have}): run 'ar' first on every example (the bench harness does)")
+        return ctx.fmt.parse_calls(ctx.tokenizer.decode(ctx.reference_tokens, skip_special_tokens=False))
+
+
+TIME_ZERO_HINTS: dict[str, type[TimeZeroHints]] = {"gold": GoldHints, "oracle": OracleHints}
 
 
 def wave_gate_for(deploy: Deployment):
@@ -124,6 +172,14 @@ class SidecarHints:
         self.deploy = deploy
         self.bench_threads = bench_threads
         self._restore: tuple[set[int], int] | None = None
+
+    def warm(self, ctx) -> None:
+        """``--warm-tools`` (untimed): the server prefills the request's toolbox -- its block with the leading
+        system messages and no turn yet -- so the wave at arrival starts from it (a tools-first adapter shares
+        that much of its block; a context-first one shares nothing and pays in full, as it would in use)."""
+        messages = ctx.record["messages"]
+        n_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+        self.client.prefill(messages[:n_system], ctx.record["tools"], wait=True)
 
     def start(self, ctx, arrival: float):
         import torch
@@ -173,6 +229,7 @@ class SidecarHints:
 def summarize_hints(rows: Sequence[dict]) -> dict | None:
     """Per-method hint summary over rows that carry ``hints`` (None when none do).
 
+    ``source``: the rows' hint source (``sidecar`` / ``gold`` / ``oracle``; None when they differ or lack one).
     Rates are over requests: ``ready_before_first_tree`` (bank ready at step 0), ``ready_before_end`` (ready at
     some step), ``used`` (at least one hint token accepted) -- the paper's 65.2% / 98.6% / 94.6%. Latency:
     the wave as the client saw it (median, nearest-rank p90) and the server's own prefill and decode (medians).
@@ -187,12 +244,14 @@ def summarize_hints(rows: Sequence[dict]) -> dict | None:
     prefill = [sv["prefill_s"] for sv in server if sv.get("prefill_s") is not None]
     decode = [sv["decode_s"] for sv in server if sv.get("decode_s") is not None]
     payload = [h["payload_bytes"] for h in hints if h.get("payload_bytes") is not None]
+    sources = {h.get("source") for h in hints}
     errors: dict[str, int] = {}
     for h in hints:
         if h.get("error"):
             errors[h["error"]] = errors.get(h["error"], 0) + 1
     return {
         "n": n,
+        "source": sources.pop() if len(sources) == 1 else None,
         "ready_before_first_tree": sum(h.get("ready_step") == 0 for h in hints) / n,
         "ready_before_end": sum(h.get("ready_step") is not None for h in hints) / n,
         "used": sum(bool(h.get("num_accepted_tokens")) for h in hints) / n,

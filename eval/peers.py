@@ -185,7 +185,7 @@ class WarmPrefix:
         self.model = model
         self.cache = None
 
-    def warm(self, prefix: Sequence[int]) -> None:
+    def warm(self, prefix: Sequence[int], ctx=None) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()

@@ -17,26 +17,17 @@ from pathlib import Path
 
 from ooospec.eval.reporting import fmt_cell, md_table
 
-# (header, summary key, format[, scale])
+# (header, summary key, format[, scale]), a line per group: times; speedups; tree; prefill and decode against
+# the machine's roofline; exactness and defects
 COLUMNS: list[tuple] = [
-    ("n", "n", "{:d}"),
-    ("mean s", "mean_s", "{:.3f}"),
-    ("median s", "median_s", "{:.3f}"),
-    ("speedup (mean)", "speedup", "{:.2f}x"),
-    ("speedup (median/ex)", "speedup_median", "{:.2f}x"),
-    ("vs llama.cpp", "vs_llamacpp", "{:.2f}x"),
-    ("decode speedup", "decode_speedup", "{:.2f}x"),
-    ("#MAT", "mat", "{:.2f}"),
-    ("mean tree", "mean_tree_size", "{:.1f}"),
-    ("proposed", "mean_proposed_nodes", "{:.1f}"),
-    ("prefill GFLOP/s", "prefill_flops_per_s", "{:.0f}", 1e-9),
-    ("% peak", "prefill_peak_frac", "{:.0%}"),
-    ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9),
-    ("% peak bw", "decode_peak_frac", "{:.0%}"),
-    ("exact vs ar", "exact_rate", "{:.0%}"),
-    ("exact vs stock", "exact_hf_rate", "{:.0%}"),
-    ("near-ties", "near_ties", "{:d}"),
-    ("defects", "defects", "{:d}"),
+    ("n", "n", "{:d}"), ("mean s", "mean_s", "{:.3f}"), ("median s", "median_s", "{:.3f}"),
+    ("speedup (mean)", "speedup", "{:.2f}x"), ("speedup (median/ex)", "speedup_median", "{:.2f}x"),
+    ("vs llama.cpp", "vs_llamacpp", "{:.2f}x"), ("decode speedup", "decode_speedup", "{:.2f}x"),
+    ("#MAT", "mat", "{:.2f}"), ("mean tree", "mean_tree_size", "{:.1f}"), ("proposed", "mean_proposed_nodes", "{:.1f}"),
+    ("prefill GFLOP/s", "prefill_flops_per_s", "{:.0f}", 1e-9), ("% peak", "prefill_peak_frac", "{:.0%}"),
+    ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9), ("% peak bw", "decode_peak_frac", "{:.0%}"),
+    ("exact vs ar", "exact_rate", "{:.0%}"), ("exact vs stock", "exact_hf_rate", "{:.0%}"),
+    ("near-ties", "near_ties", "{:d}"), ("defects", "defects", "{:d}"),
 ]
 
 
@@ -96,13 +87,10 @@ def mismatch_lines(results: dict) -> list[str]:
 # the hint columns of methods with sidecar / gold hints (``summary["hints"]``, see eval/ooospec_method.py)
 HINT_COLUMNS: list[tuple] = [
     ("requests", "n", "{:d}"),
-    ("ready before 1st tree", "ready_before_first_tree", "{:.0%}"),
-    ("ready before end", "ready_before_end", "{:.0%}"),
-    ("used", "used", "{:.0%}"),
-    ("hint tokens accepted (mean)", "mean_hint_tokens_accepted", "{:.1f}"),
+    ("ready before 1st tree", "ready_before_first_tree", "{:.0%}"), ("ready before end", "ready_before_end", "{:.0%}"),
+    ("used", "used", "{:.0%}"), ("hint tokens accepted (mean)", "mean_hint_tokens_accepted", "{:.1f}"),
     ("ready after (median s)", "median_ready_s", "{:.3f}"),
-    ("wave median s", "median_wave_s", "{:.3f}"),
-    ("wave p90 s", "p90_wave_s", "{:.3f}"),
+    ("wave median s", "median_wave_s", "{:.3f}"), ("wave p90 s", "p90_wave_s", "{:.3f}"),
     ("sidecar prefill (median s)", "median_server_prefill_s", "{:.3f}"),
     ("sidecar decode (median s)", "median_server_decode_s", "{:.3f}"),
     ("payload bytes (median)", "median_payload_bytes", "{:.0f}"),
@@ -142,13 +130,57 @@ def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec
     return [""] + out if out else []
 
 
+# the hint-sources table: its rows' order and labels ("real" = the sidecar), and the source of a hint method whose
+# summary predates ``hints.source``
+HINT_SOURCE_LABELS = {"oracle": "oracle", "gold": "gold", "sidecar": "real"}
+METHOD_HINT_SOURCE = {"ooospec-oracle": "oracle", "ooospec-gold": "gold"}
+
+
+def hint_sources_table(results: dict) -> list[str]:
+    """Markdown lines of the "hints: oracle / gold / real" table (empty when no method has hints): for each hint
+    method of this run (``ooospec-oracle``, ``ooospec-gold``, ``ooospec``), on its benchmark, the hint tokens
+    accepted per request (mean) and #MAT, the oracle (the target's own call) first, then gold, then the sidecar."""
+    cfg = results.get("config", {})
+    benchmark = Path(str(cfg["dataset"])).stem if cfg.get("dataset") else "-"
+    found = []
+    for name in method_order(results):
+        summary = results["methods"][name]
+        h = summary.get("hints")
+        if h:
+            source = h.get("source") or METHOD_HINT_SOURCE.get(name) or cfg.get("hints") or "sidecar"
+            found.append((source, name, summary, h))
+    if not found:
+        return []
+    order = list(HINT_SOURCE_LABELS)
+    found.sort(key=lambda f: order.index(f[0]) if f[0] in order else len(order))
+    rows = [[benchmark, HINT_SOURCE_LABELS.get(source, source), name, fmt_cell(h.get("n"), "{:d}"),
+             fmt_cell(h.get("mean_hint_tokens_accepted"), "{:.1f}"), fmt_cell(summary.get("mat"), "{:.2f}")]
+            for source, name, summary, h in found]
+    table = md_table(["benchmark", "hints", "method", "requests", "hint tokens accepted (mean)", "#MAT"], rows,
+                     labels=3)
+    return ["", "hints: oracle / gold / real", "", table]
+
+
+def adapter_line(results: dict) -> str | None:
+    """The sidecar adapter behind the run's sidecar hints (``env.sidecar_adapter``), None when no sidecar ran."""
+    rec = results.get("env", {}).get("sidecar_adapter")
+    if not rec:
+        return None
+    if rec.get("path") is None:
+        return f"sidecar hints from the server {rec.get('url')} (adapter not named)"
+    sha = fmt_cell(rec.get("sha256"), "{:.12}")
+    return f"sidecar adapter {rec['path']} (weights sha256 {sha}, layout {fmt_cell(rec.get('layout_version'), '{}')})"
+
+
 def markdown_table(results: dict) -> str:
-    """The per-method summary as a markdown table (and the hint table); the environment line, notes and
+    """The per-method summary as a markdown table (and the hint tables); the environment line, notes and
     mismatches under it."""
     rows = [[name, *(cell(results["methods"][name], c) for c in COLUMNS)] for name in method_order(results)]
     lines = [md_table(["method", *(c[0] for c in COLUMNS)], rows)]
     lines += hint_table(results)
-    footer = [env_line(results)] + [f"note: {n}" for n in results.get("notes", [])] + mismatch_lines(results)
+    lines += hint_sources_table(results)
+    footer = ([env_line(results), adapter_line(results)] + [f"note: {n}" for n in results.get("notes", [])]
+              + mismatch_lines(results))
     return "\n".join(lines + [""] + [f for f in footer if f])
 
 

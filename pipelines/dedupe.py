@@ -38,7 +38,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from ooospec.pipelines.params import as_dict, load_section, module_main
+from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     canonical_calls,
     canonical_json,
@@ -227,11 +227,9 @@ def run(params: DedupeParams, records_path: Path, out_dir: Path, *,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("records", type=Path, help="records.jsonl from the ingest stage")
-    p.add_argument("out_dir", type=Path, help="folder for train.jsonl and eval/<benchmark>.jsonl")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--metrics", type=Path, default=Path("metrics/dedupe.json"))
-    p.add_argument("--cards", type=Path, default=Path("data_cards"))
+    add_path_arguments(p, {"records": "records.jsonl from the ingest stage",
+                           "out_dir": "folder for train.jsonl and eval/<benchmark>.jsonl"},
+                       metrics="metrics/dedupe.json", cards="data_cards")
 
 
 def run_cli(args: argparse.Namespace) -> int:

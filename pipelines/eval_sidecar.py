@@ -387,12 +387,17 @@ def run_cli(args: argparse.Namespace) -> int:
         raise SystemExit("eval_sidecar: give heldout request rows or --records")
     m = run(params, rows, None if args.base_only else args.adapter, args.metrics, base=args.base_only,
             source=source)
-    print(f"eval_sidecar: {m['requests']} requests; function acc {m['function_index']['accuracy']}, "
-          f"argument EM {m['argument']['exact_match']} (non-null {m['argument']['exact_match_non_null']}), "
-          f"joined call EM {m['joined']['exact_match']}, direct-call EM {m['direct_call']['exact_match']}; "
-          f"wave median {m['latency']['wave'].get('median_ms')} ms @ {m['latency']['threads']} thread(s), "
-          f"{m['dtype']}")
+    print(summary_line(m))
     return 0
+
+
+def summary_line(m: dict) -> str:
+    """The one line the command prints about the metrics ``m`` of a run."""
+    return (f"eval_sidecar: {m['requests']} requests; function acc {m['function_index']['accuracy']}, "
+            f"argument EM {m['argument']['exact_match']} (non-null {m['argument']['exact_match_non_null']}), "
+            f"joined call EM {m['joined']['exact_match']}, direct-call EM {m['direct_call']['exact_match']}; "
+            f"wave median {m['latency']['wave'].get('median_ms')} ms @ {m['latency']['threads']} thread(s), "
+            f"{m['dtype']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,7 @@ from typing import Literal
 from tqdm import tqdm
 
 from ooospec.eval.reporting import md_table
-from ooospec.pipelines.params import as_dict, load_section, module_main
+from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import atomic_write_text, load_records, write_json, write_jsonl
 from ooospec.pipelines.slot_rows import request_row
 from ooospec.runtime import sidecar_prompts as sp
@@ -210,12 +210,11 @@ def run(params: ExpandSlotsParams, calls_path: Path, train_path: Path, heldout_p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("calls", type=Path, help="normalized records (data/normalize/calls.jsonl)")
-    p.add_argument("train", type=Path, help="output train request rows (JSONL)")
-    p.add_argument("heldout", type=Path, help="output heldout request rows (JSONL)")
-    p.add_argument("metrics", type=Path, help="output metrics JSON (metrics/expand_slots.json)")
-    p.add_argument("card", type=Path, help="output data card (data_cards/slots.md)")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_path_arguments(p, {"calls": "normalized records (data/normalize/calls.jsonl)",
+                           "train": "output train request rows (JSONL)",
+                           "heldout": "output heldout request rows (JSONL)",
+                           "metrics": "output metrics JSON (metrics/expand_slots.json)",
+                           "card": "output data card (data_cards/slots.md)"})
 
 
 def run_cli(args: argparse.Namespace) -> int:

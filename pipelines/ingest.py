@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ooospec.pipelines import sources as source_registry
-from ooospec.pipelines.params import as_dict, load_section, module_main
+from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     Reject,
     sha256_file,
@@ -164,10 +164,8 @@ def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metri
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out_dir", type=Path, help="folder for records.jsonl and rejects.jsonl")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--metrics", type=Path, default=Path("metrics/ingest.json"))
-    p.add_argument("--card", type=Path, default=Path("data_cards/ingest.md"))
+    add_path_arguments(p, {"out_dir": "folder for records.jsonl and rejects.jsonl"},
+                       metrics="metrics/ingest.json", card="data_cards/ingest.md")
     p.add_argument("--write-lock", action="store_true",
                    help="re-pin the sha256 of every raw file of the selected sources, then stop")
 

@@ -43,7 +43,7 @@ from typing import Literal
 from tqdm import tqdm
 
 from ooospec.eval.reporting import md_table
-from ooospec.pipelines.params import as_dict, load_section, module_main
+from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     UNCHECKABLE_SCHEMA,
     atomic_write_text,
@@ -229,13 +229,10 @@ def run(params: NormalizeParams, records_path: Path, traces_path: Path, out_path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("records", type=Path, help="training records the traces were made from")
-    p.add_argument("traces", type=Path, help="teacher traces.jsonl")
-    p.add_argument("out", type=Path, help="output calls.jsonl (records with the teacher's calls)")
-    p.add_argument("rejects", type=Path, help="output rejects.jsonl")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--metrics", type=Path, default=Path("metrics/normalize.json"))
-    p.add_argument("--card", type=Path, default=Path("data_cards/normalize.md"))
+    add_path_arguments(p, {"records": "training records the traces were made from", "traces": "teacher traces.jsonl",
+                           "out": "output calls.jsonl (records with the teacher's calls)",
+                           "rejects": "output rejects.jsonl"},
+                       metrics="metrics/normalize.json", card="data_cards/normalize.md")
 
 
 def run_cli(args: argparse.Namespace) -> int:

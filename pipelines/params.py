@@ -103,6 +103,16 @@ def as_dict(params: Any) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(params).items()}
 
 
+def add_path_arguments(p: argparse.ArgumentParser, positional: dict[str, str], **options: str) -> None:
+    """A stage's path arguments: ``positional`` (name -> help, in order), then ``--params`` (the params file) and
+    one ``--NAME`` option per keyword with its default path (``metrics="metrics/dedupe.json"``)."""
+    for name, help_text in positional.items():
+        p.add_argument(name, type=Path, help=help_text)
+    p.add_argument("--params", type=Path, default=PARAMS_FILE)
+    for name, default in options.items():
+        p.add_argument(f"--{name}", type=Path, default=Path(default))
+
+
 def module_main(module: str, doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
                 run_cli: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
     """The ``main`` of a stage or command module run as ``python -m MODULE``: its parser (described by the first

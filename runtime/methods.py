@@ -6,7 +6,9 @@ Engine methods (drafters verified by the tree engine; output = greedy output of 
     pld             prompt-lookup n-gram drafter (:mod:`ooospec.runtime.pld`)
     toolspec        schema FSM of the request's tools + retrieval of earlier calls + prompt lookup
     ooospec         toolspec + sidecar hints (:mod:`ooospec.runtime.hints`), sent at the request's arrival
-    ooospec-gold    toolspec + the gold call as hints at time zero (bench only: the ceiling of hints)
+    ooospec-gold    toolspec + the gold call as hints at time zero (bench only: a ceiling of hints)
+    ooospec-oracle  toolspec + the target's own greedy call (``ar``'s output) as hints at time zero (bench only:
+                    the ceiling of what any sidecar's hints can give; gold can differ from what the target writes)
     NAME-fixed      NAME with a fixed node budget (``max_draft_nodes=32``) instead of the budget policy
 
 Peers (stock implementations run by ``ooospec bench`` on the same requests; adapters in :mod:`ooospec.eval`)::
@@ -44,6 +46,7 @@ if TYPE_CHECKING:   # the registry itself stays torch-free: CLIs read their choi
     from ooospec.runtime.engine import SpecEngine
 
 DrafterName = Literal["fsm", "hints", "retrieval", "pld"]
+HintSourceName = Literal["sidecar", "gold", "oracle"]
 FIXED_NODES = 32    # the node budget of the "-fixed" methods
 
 
@@ -60,7 +63,8 @@ class Method:
 
     Attributes:
         drafters: an engine method's drafters in priority order (``fsm``, ``hints``, ``retrieval``, ``pld``).
-        hints: where an engine method's hints come from: ``"sidecar"`` (a running sidecar) or ``"gold"``.
+        hints: where an engine method's hints come from (:data:`HINT_SOURCES`): ``"sidecar"`` (a running
+            sidecar), ``"gold"`` (the record's gold call) or ``"oracle"`` (the call ``ar`` wrote for the request).
         fixed_nodes: the fixed node budget of the ``-fixed`` variants (None: the budget policy).
         peer: the backend a peer's stock implementation runs on (``"hf"`` / ``"llama.cpp"``); None for ours.
         served: offered by ``ooospec serve`` and the agent loop (the rest are bench-only).
@@ -69,7 +73,7 @@ class Method:
     name: str
     summary: str
     drafters: tuple[DrafterName, ...] = ()
-    hints: Literal["sidecar", "gold"] | None = None
+    hints: HintSourceName | None = None
     fixed_nodes: int | None = None
     peer: Literal["hf", "llama.cpp"] | None = None
     served: bool = False
@@ -106,6 +110,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("ooospec", "toolspec + sidecar hints", drafters=_OOOSPEC, hints="sidecar", served=True),
     Method("ooospec-gold", "toolspec + the gold call as hints at time zero (the ceiling)", drafters=_OOOSPEC,
            hints="gold"),
+    Method("ooospec-oracle", "toolspec + the target's own greedy call as hints at time zero (the ceiling of hints)",
+           drafters=_OOOSPEC, hints="oracle"),
     Method("pld-fixed", "pld with a fixed node budget", drafters=("pld",), fixed_nodes=FIXED_NODES),
     Method("toolspec-fixed", "toolspec with a fixed node budget", drafters=_TOOLSPEC, fixed_nodes=FIXED_NODES),
     Method("hf-greedy", "transformers generate, greedy", peer="hf"),
@@ -117,6 +123,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
 METHODS = REGISTRY    # the name the engine's docs and tests use: ``METHODS["ar"](model)``
 SERVED: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.served)
 ENGINE_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.is_engine)
+# where hints come from, in registry order (``ooospec bench --hints`` reads its choices here)
+HINT_SOURCES: tuple[str, ...] = tuple(dict.fromkeys(m.hints for m in REGISTRY.values() if m.hints))
 
 
 def peers_of(backend: str) -> tuple[str, ...]:

@@ -88,6 +88,25 @@ class PrefixCache:
         self.stats.hit_tokens += len(best.tokens)
         return best
 
+    def lookup_shared(self, tokens: Sequence[int], min_tokens: int = 1) -> tuple[KVSnapshot, int] | None:
+        """The stored snapshot sharing the longest token prefix with ``tokens``, and that length (at least
+        ``min_tokens``); None (a miss) otherwise. Unlike :meth:`lookup` a stored entry may run past ``tokens`` or
+        diverge from them: its first ``n`` entries are what a prefill of ``tokens[:n]`` computes (same ids, same
+        positions, same prefix). Stored ``[1, 2, 3, 4]``; ``lookup_shared([1, 2, 9])`` returns it with ``n = 2``.
+        """
+        best, best_n = None, 0
+        for key, snap in self._entries.items():
+            n = common_prefix_len(key, tokens)
+            if n > best_n:
+                best, best_n = snap, n
+        if best is None or best_n < max(min_tokens, 1):
+            self.stats.misses += 1
+            return None
+        self._entries.move_to_end(best.tokens)
+        self.stats.hits += 1
+        self.stats.hit_tokens += best_n
+        return best, best_n
+
     def insert(self, snap: KVSnapshot) -> bool:
         """Store ``snap`` (evicting least recently used entries to fit); False when it alone exceeds the budget."""
         if not snap.tokens:

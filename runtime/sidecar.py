@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from ooospec.runtime.paths import sidecar_adapter_dir
 from ooospec.runtime.pld import lookup
 from ooospec.runtime.tree import DraftTree, Forest, build_tree, forest_positions, forest_visibility
 from ooospec.runtime.verify import accept_greedy
+
+if TYPE_CHECKING:   # duck-typed: any object with lookup_shared() and insert()
+    from ooospec.runtime.session import PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class WaveResult:
     query_tokens: int           # distinct query-tree nodes fed in the first decode forward (the root excluded)
     drafted: int = 0            # draft tokens fed (AnswerDrafter); they change the forwards, never the answers
     accepted: int = 0           # of them, accepted
+    cached_tokens: int = 0      # block tokens whose KV came from the prefix cache (not prefilled)
 
     @property
     def wave_s(self) -> float:
@@ -103,7 +107,8 @@ def _query_branches(queries: DraftTree, query_ids: Sequence[Sequence[int]], root
 def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], *,
                     max_new_tokens: int, eos_token_ids: Sequence[int] = (),
                     should_stop: Callable[[], bool] | None = None,
-                    propose: Propose | None = None, max_draft_nodes: int = 6) -> tuple[list[list[int]], dict]:
+                    propose: Propose | None = None, max_draft_nodes: int = 6,
+                    prefix_cache: PrefixCache | None = None) -> tuple[list[list[int]], dict]:
     """Greedy answers of ``block + query_i`` for every i, sharing the block's prefill. Returns ``(tokens, stats)``.
 
     ``tokens[i]`` equals greedy decoding of ``block_ids + query_ids[i]`` alone, cut after the first EOS or at
@@ -116,6 +121,11 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     instead of one token, and keeps the longest path greedy decoding agrees with
     (:func:`~ooospec.runtime.verify.accept_greedy`) plus the bonus token. Drafts change how many forwards the wave
     takes, never its answers.
+
+    ``prefix_cache`` (optional): the block's KV starts from the stored snapshot sharing the longest token prefix
+    with it (:meth:`~ooospec.runtime.session.PrefixCache.lookup_shared`; e.g. a tools-first block whose toolbox an
+    earlier wave prefilled), only the rest is prefilled, and the block's KV is stored for later waves. Reused
+    entries are those a prefill computes for the same ids at the same positions: the answers do not change.
     """
     _check_wave(block_ids, query_ids, max_new_tokens, max_draft_nodes)
     eos = frozenset(int(t) for t in eos_token_ids)
@@ -131,9 +141,9 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         cands = propose(b.query, b.out) if propose is not None and max_draft_nodes else ()
         return build_tree(b.out[-1], cands, min(max_draft_nodes, max_new_tokens - len(b.out) - 1))  # bonus: +1
 
-    kv, num_block = KVCache(model), len(block_ids)
+    num_block = len(block_ids)
     t0 = time.perf_counter()
-    kv.prefill(block_ids[:-1])      # as the engine does: the last token is the root of the first tree
+    kv, cached = prefill_block(model, block_ids[:-1], prefix_cache)   # the last token: the first tree's root
     t1 = time.perf_counter()
     poll("after the prefill")
     queries = build_tree(block_ids[-1], query_ids, max_nodes=sum(len(q) for q in query_ids))
@@ -165,8 +175,23 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         live = [b for b in live if not done(b)]
     t2 = time.perf_counter()
     stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
-             "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted}
+             "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted,
+             "cached_tokens": cached}
     return [list(branches[w].out) for w in which], stats
+
+
+def prefill_block(model, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> tuple[KVCache, int]:
+    """A cache holding ``tokens``' KV, and how many of them came from ``prefix_cache`` (the stored entry sharing
+    the longest prefix with them); the rest are prefilled, and the whole is stored there for later blocks."""
+    kv, head = KVCache(model), [int(t) for t in tokens]
+    found = prefix_cache.lookup_shared(head) if prefix_cache is not None and head else None
+    cached = 0 if found is None else found[1]
+    if found is not None:
+        kv.load(*found)
+    kv.prefill(head[cached:])
+    if prefix_cache is not None and len(head) > cached:
+        prefix_cache.insert(kv.snapshot())
+    return kv, cached
 
 
 def _check_wave(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], max_new_tokens: int,
@@ -234,7 +259,7 @@ class Sidecar:
     """A sidecar model (base + merged LoRA) that answers waves. Thread-compatible, not thread-safe."""
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 48, metadata: Mapping | None = None,
-                 max_draft_nodes: int = 6):
+                 max_draft_nodes: int = 6, prefix_cache: PrefixCache | None = None):
         if tokenizer.eos_token_id is None:
             raise ValueError("the sidecar tokenizer has no eos_token_id; answers could not stop")
         self.model = model
@@ -242,6 +267,7 @@ class Sidecar:
         self.max_new_tokens = max_new_tokens
         self.max_draft_nodes = max_draft_nodes   # per branch and forward (AnswerDrafter); 0 = one token per forward
         self.metadata = dict(metadata or {})
+        self.prefix_cache = prefix_cache         # KV of earlier blocks (e.g. toolboxes) that later waves start from
 
     @classmethod
     def from_adapter(cls, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
@@ -280,6 +306,15 @@ class Sidecar:
     def eos_token_ids(self) -> list[int]:
         return [self.tokenizer.eos_token_id]
 
+    def prefill(self, block: str) -> int:
+        """Compute ``block``'s KV into the prefix cache ahead of a wave (e.g. a toolbox, untimed); returns the
+        tokens prefilled (0 without a cache)."""
+        if self.prefix_cache is None:
+            return 0
+        ids = self.tokenizer(block, add_special_tokens=False)["input_ids"]
+        _, cached = prefill_block(self.model, ids[:-1], self.prefix_cache)
+        return max(len(ids) - 1 - cached, 0)
+
     def drafter(self, block_ids: Sequence[int], query_ids: Sequence[Sequence[int]]) -> AnswerDrafter | None:
         """The ``propose`` for one wave's :func:`decode_branches` (None when drafts are off)."""
         if not self.max_draft_nodes:
@@ -293,10 +328,11 @@ class Sidecar:
             return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
         toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
                                       eos_token_ids=self.eos_token_ids, propose=self.drafter(block, queries),
-                                      max_draft_nodes=self.max_draft_nodes)
+                                      max_draft_nodes=self.max_draft_nodes, prefix_cache=self.prefix_cache)
         answers = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
         return WaveResult(toks, answers, stats["prefill_s"], stats["decode_s"], stats["n_forwards"],
-                          stats["block_tokens"], stats["query_tokens"], stats["drafted"], stats["accepted"])
+                          stats["block_tokens"], stats["query_tokens"], stats["drafted"], stats["accepted"],
+                          stats["cached_tokens"])
 
     def predict(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
                 with_direct_call: bool = False) -> tuple[dict | None, WaveResult]:

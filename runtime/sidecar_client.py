@@ -206,6 +206,7 @@ class SidecarClient:
         self.with_direct_call = with_direct_call
         self.gate = gate
         self.layout = None if layout is None else sp.check_layout(layout)
+        self.server_prefix_cache = False     # the server keeps block KV across waves (its /health says so)
         self._layout_lock = threading.Lock()
 
     def submit(self, messages: Sequence[Any], tools: Sequence[Any], *, fmt: ModuleType, tokenizer,
@@ -249,6 +250,37 @@ class SidecarClient:
                                       name="sidecar-wave", daemon=True)
         req.thread.start()
         return req
+
+    def prefill(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (), *,
+                wait: bool = False) -> threading.Thread | bool:
+        """Have the server prefill this request's block now, so that a later wave sharing its beginning prefills
+        only the rest (the server's prefix cache; e.g. a tools-first toolbox before requests arrive, or an agent's
+        conversation while a tool runs). One prompt, the block + the index query, ``max_tokens=1``.
+
+        Runs in a daemon thread (returned) unless ``wait``, then returns whether the server answered 200.
+        Failures are logged and cost nothing else; the gate (if any) learns that the server holds the block.
+        """
+        def run() -> bool:
+            try:
+                wave = sp.build_wave(messages, tools, prior_calls, False, self.server_layout())
+                body = json.dumps({"model": self.model, "prompt": [wave.block + sp.INDEX_QUERY], "max_tokens": 1,
+                                   "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
+                self._post(HintRequest(time.perf_counter()), body)
+            except _Failure as e:
+                logger.info("sidecar prefill failed (%s): %s", e.kind, e.detail)
+                return False
+            except Exception as e:  # never reaches the caller
+                logger.warning("sidecar prefill failed: %r", e, exc_info=True)
+                return False
+            if self.gate is not None:
+                self.gate.remember(wave.block)
+            return True
+
+        if wait:
+            return run()
+        thread = threading.Thread(target=run, name="sidecar-prefill", daemon=True)
+        thread.start()
+        return thread
 
     # -------------------------------------------------------------------------- the background thread
 
@@ -319,6 +351,9 @@ class SidecarClient:
             except (ValueError, RecursionError):
                 health = None
             found = health.get("layout_version") if isinstance(health, dict) else None
+            self.server_prefix_cache = bool(isinstance(health, dict) and health.get("prefix_cache"))
+            if self.gate is not None:
+                self.gate.server_prefix_cache = self.server_prefix_cache
             if found is None:
                 self.layout = sp.LAYOUT_VERSION
             else:
@@ -513,7 +548,8 @@ def start_server(argv: Sequence[str], url: str, *, startup_timeout: float = 300.
 def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1",
                    port: int | None = None, threads: int = 1, cpus: Sequence[int] | None = None,
                    dtype: str = "fp32", startup_timeout: float = 300.0,
-                   log_path: str | os.PathLike | None = None) -> SidecarProcess:
+                   log_path: str | os.PathLike | None = None,
+                   prefix_cache_tokens: int | None = None) -> SidecarProcess:
     """Start ``ooospec sidecar serve`` for ``adapter_dir`` (default: the shipped adapter) as a subprocess.
 
     Args:
@@ -521,6 +557,7 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
         threads: torch threads of the server.
         cpus: cores to pin the server to (``os.sched_setaffinity`` in the server before it loads anything);
             None = all cores.
+        prefix_cache_tokens: the server's block KV cache (``--prefix-cache-tokens``; None = its default, 0 = off).
     Returns:
         a running :class:`SidecarProcess` (``.url`` for :class:`SidecarClient`; ``.stop()`` or ``with``).
     """
@@ -531,4 +568,6 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
         argv += ["--adapter", str(adapter_dir)]
     if cpus:
         argv += ["--cpus", ",".join(str(c) for c in sorted(cpus))]
+    if prefix_cache_tokens is not None:
+        argv += ["--prefix-cache-tokens", str(prefix_cache_tokens)]
     return start_server(argv, f"http://{host}:{port}", startup_timeout=startup_timeout, log_path=log_path)

@@ -54,7 +54,9 @@ that ``block + query`` tokenizes as ``block`` then ``query`` under byte-level BP
   gives none or is unusable.
 
 Worked example. Messages ``[{"role": "user", "content": "Weather in Paris,\\n in celsius?"}]``, tools
-``get_weather(city: string, unit?: "celsius"|"fahrenheit")`` and ``get_time(tz: string)``. The block is::
+``get_weather(city: string, unit?: "celsius"|"fahrenheit")`` and ``get_time(tz: string)``. The block of layout 2
+("context first", the default) is the first eight lines below, from ``Conversation:`` to ``tz``; the block of
+layout 3 ("tools first") is the same two sections in the other order, the last eight lines, from ``Tools:`` on::
 
     Conversation:
     user: Weather in Paris, in celsius?
@@ -64,24 +66,13 @@ Worked example. Messages ``[{"role": "user", "content": "Weather in Paris,\\n in
       unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.
     [1] get_time - Current time in a time zone.
       tz (string, required)
+    Conversation:
+    user: Weather in Paris, in celsius?
 
-and the wave's queries are ``Query: tool index\\n`` (answer ``0``), ``Query: get_weather.city\\n``
+In both layouts the wave's queries are ``Query: tool index\\n`` (answer ``0``), ``Query: get_weather.city\\n``
 (``"Paris"``), ``Query: get_weather.unit\\n`` (``"celsius"``) and ``Query: get_time.tz\\n`` (``null``); the
 direct-call query ``Query: call\\n`` answers ``{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}``.
 A full prompt is ``block + query``; the answer follows it directly (no trailing newline; EOS ends it).
-
-The same request in layout 3 ("tools first") has the block::
-
-    Tools:
-    [0] get_weather - Current weather for a city.
-      city (string, required): City name.
-      unit ("celsius"|"fahrenheit", optional, default="celsius"): Temperature unit.
-    [1] get_time - Current time in a time zone.
-      tz (string, required)
-    Conversation:
-    user: Weather in Paris, in celsius?
-
-followed by the same queries with the same answers (``Query: tool index\n`` -> ``0``, ...).
 """
 
 from __future__ import annotations

@@ -249,13 +249,8 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~visible, float("-inf"))[None, None]
 
 
-def visibility_mask(
-    visible: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
+def visibility_mask(visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype = torch.float32,
+                    sliding_window: int | None = None) -> torch.Tensor:
     """Any visibility pattern as a float additive mask ``[1, 1, q, kv]``, windowed by position.
 
     ``visible`` is bool ``[q, kv]``; ``q_pos`` ``[q]`` and ``k_pos`` ``[kv]`` are the position ids of the queries
@@ -267,13 +262,8 @@ def visibility_mask(
     return _additive(visible, dtype)
 
 
-def tree_mask(
-    tree: DraftTree,
-    cache_len: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    sliding_window: int | None = None,
-) -> torch.Tensor:
+def tree_mask(tree: DraftTree, cache_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+              sliding_window: int | None = None) -> torch.Tensor:
     """Float additive attention mask ``[1, 1, N, cache_len + N]`` for verifying ``tree`` on top of a cache.
 
     Every node sees the whole cache and its own root path (see the module docstring for a literal example).
@@ -292,13 +282,8 @@ def tree_mask(
     return _additive(torch.cat([visible_cache, visible_tree], dim=1), dtype)
 
 
-def causal_mask(
-    num_new: int,
-    cache_len: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    sliding_window: int | None = None,
-) -> torch.Tensor:
+def causal_mask(num_new: int, cache_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                sliding_window: int | None = None) -> torch.Tensor:
     """The mask of a linear chain of ``num_new`` tokens on a cache of ``cache_len``: ``[1, 1, q, cache_len + q]``.
 
     Equal to ``tree_mask(chain_tree(...), ...)`` but O(1) torch ops, for long prefills.

@@ -43,7 +43,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -55,6 +57,7 @@ logger = logging.getLogger(__name__)
 Kind = Literal["skip", "index", "slots"]
 KINDS: tuple[Kind, ...] = ("skip", "index", "slots")
 VERBATIM_THRESHOLD = 0.5    # a slot whose value the request held verbatim this often is left to prompt lookup
+MAX_REMEMBERED_BLOCKS = 64  # blocks a gate remembers sending (its view of the server's prefix cache)
 
 
 @dataclass(frozen=True)
@@ -106,13 +109,14 @@ class Option:
     kind: Kind
     queries: tuple[sp.SlotQuery, ...]
     block_chars: int
+    cached_chars: int = 0        # of the block, what the server's prefix cache is expected to hold
 
 
 def wave_compute_s(option: Option, est: Estimates) -> float:
     """The sidecar's seconds for ``option``: prefill of block + query tokens, then its decode forwards."""
     if option.kind == "skip":
         return 0.0
-    tokens = (option.block_chars + sum(len(q.text) for q in option.queries)) / est.chars_per_token
+    tokens = (option.block_chars - option.cached_chars + sum(len(q.text) for q in option.queries)) / est.chars_per_token
     forward = est.decode_forward + est.decode_per_query * len(option.queries)
     return est.prefill_per_token * tokens + est.forwards[option.kind] * forward
 
@@ -146,6 +150,7 @@ class WaveDecision:
     options: Mapping[str, tuple[float, float]]   # kind -> (saving_s, cost_s) of every option weighed
     key: str                             # the tool set the stats are kept for
     probe: bool = False                  # sent to measure although the estimate said skip
+    cached_chars: int = 0                # leading block characters expected in the server's prefix cache
     wave: sp.Wave | None = field(default=None, compare=False, repr=False)   # the wave to send (None: skip)
 
     def to_dict(self) -> dict:
@@ -153,7 +158,7 @@ class WaveDecision:
                 "expected_cost_s": round(self.cost_s, 4), "queries": list(self.queries),
                 "num_queries": len(self.queries), "dropped_verbatim": list(self.dropped),
                 "options": {k: [round(s, 4), round(c, 4)] for k, (s, c) in self.options.items()},
-                "probe": self.probe}
+                "probe": self.probe, "cached_chars": self.cached_chars}
 
 
 def query_name(q: sp.SlotQuery) -> str:
@@ -170,7 +175,7 @@ def verbatim_prior(schema: Any) -> float:
 
 def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
            verbatim: Mapping[tuple[str, str], tuple[float, float]] | None = None, key: str = "",
-           probe: bool = False) -> WaveDecision:
+           probe: bool = False, cached_chars: int = 0) -> WaveDecision:
     """Weigh skip / index / slots for ``wave`` (the request's full wave) and pick the best net saving.
 
     Args:
@@ -181,6 +186,8 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
             the rate is ``(found + 2 * prior) / (seen + 2)`` with :func:`verbatim_prior` of the slot's schema.
         key: the tool set (:func:`tools_key`), recorded in the decision.
         probe: send anyway: the best option other than skip (its estimate is still what is logged).
+        cached_chars: the block's leading characters whose KV the sidecar server is expected to hold (a toolbox an
+            earlier wave or :meth:`WaveGate.remember` sent): they cost no prefill.
     Returns:
         the decision; its ``wave`` is the subset to send (None for skip).
     """
@@ -193,8 +200,9 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
         found, seen = (verbatim or {}).get((q.function, q.parameter), (0.0, 0.0))
         p = (found + 2.0 * verbatim_prior(schemas_of.get((q.function, q.parameter)))) / (seen + 2.0)
         (dropped if p >= VERBATIM_THRESHOLD else kept).append(q)
-    options = [Option("skip", (), 0), Option("index", index, len(wave.block)),
-               Option("slots", index + tuple(kept), len(wave.block))]
+    cached = min(cached_chars, len(wave.block))
+    options = [Option("skip", (), 0), Option("index", index, len(wave.block), cached),
+               Option("slots", index + tuple(kept), len(wave.block), cached)]
     if not kept:
         options.pop()            # slots would be the index wave again
     scored = {o.kind: (expected_saving_s(o, est), expected_cost_s(o, est)) for o in options}
@@ -203,7 +211,8 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
     saving, cost = scored[best.kind]
     return WaveDecision(best.kind, saving, cost, tuple(query_name(q) for q in best.queries),
                         tuple(query_name(q) for q in dropped) if best.kind == "slots" else (), scored, key,
-                        probe=probe, wave=None if best.kind == "skip" else sp.Wave(wave.block, best.queries))
+                        probe=probe, cached_chars=cached,
+                        wave=None if best.kind == "skip" else sp.Wave(wave.block, best.queries))
 
 
 def tools_key(tools: Sequence[Any]) -> str:
@@ -332,6 +341,10 @@ class WaveGate:
         self._verbatim: dict[tuple[str, str], _Mean] = {}       # (tool, parameter) -> verbatim rate
         self.num_requests = 0
         self.log: list[dict] = []                                # the last decisions (bounded)
+        # the server's block KV cache as this client sees it: set True when the server keeps one (its /health);
+        # then the blocks sent lately (bounded, most recent last) tell how much of a new block is cached
+        self.server_prefix_cache = False
+        self._blocks: OrderedDict[str, None] = OrderedDict()
 
     def _mean(self, name: str) -> _Mean:
         return self._m.setdefault(name, _Mean())
@@ -367,17 +380,37 @@ class WaveGate:
             target_token_s=g("target_token_s", p.target_token_s, w * p.call_tokens),
             client_s=g("client_s", p.client_s), chars_per_token=g("chars_per_token", p.chars_per_token, w * 300))
 
+    def remember(self, block: str) -> None:
+        """Note that the server has prefilled ``block`` (a wave or a prefill request was sent with it)."""
+        with self._lock:
+            self._blocks[block] = None
+            self._blocks.move_to_end(block)
+            while len(self._blocks) > MAX_REMEMBERED_BLOCKS:
+                self._blocks.popitem(last=False)
+
+    def cached_chars(self, block: str) -> int:
+        """The leading characters of ``block`` the server is expected to hold (0 when it keeps no cache): the
+        longest common prefix with a block sent lately. Tools-first blocks of one toolbox share the toolbox."""
+        if not self.server_prefix_cache:
+            return 0
+        with self._lock:
+            blocks = list(self._blocks)
+        return max((len(os.path.commonprefix([block, b])) for b in blocks), default=0)
+
     def decide(self, wave: sp.Wave, tools: Sequence[Any]) -> WaveDecision:
         """The decision for a request whose full wave is ``wave`` (logged; see :func:`decide`)."""
         key = tools_key(tools)
+        cached = self.cached_chars(wave.block)
         with self._lock:
             est = self._estimates(key)
             verbatim = {slot: (cell.num, cell.den) for slot, cell in self._verbatim.items()}
             self.num_requests += 1
             n = self.num_requests
-        decision = decide(wave, tools, est, verbatim, key)
+        decision = decide(wave, tools, est, verbatim, key, cached_chars=cached)
         if decision.kind == "skip" and self.probe_every and n % self.probe_every == 0:
-            decision = decide(wave, tools, est, verbatim, key, probe=True)
+            decision = decide(wave, tools, est, verbatim, key, probe=True, cached_chars=cached)
+        if decision.wave is not None:
+            self.remember(wave.block)
         record = decision.to_dict()
         with self._lock:
             self.log.append(record)
@@ -418,8 +451,8 @@ class WaveGate:
                 n = o.num_queries
                 planned = sv["n_forwards"] * (self.prior.decode_forward + self.prior.decode_per_query * n)
                 add("decode_scale", sv.get("decode_s", 0.0), planned)
-            tokens = (sv.get("block_tokens") or 0) + (sv.get("query_tokens") or 0)
-            if tokens and sv.get("prefill_s") is not None:
+            tokens = (sv.get("block_tokens") or 0) + (sv.get("query_tokens") or 0) - (sv.get("cached_tokens") or 0)
+            if tokens > 0 and sv.get("prefill_s") is not None:
                 add("prefill_per_token", sv["prefill_s"], tokens, 300)
             if sv.get("block_tokens") and o.block_chars:
                 add("chars_per_token", o.block_chars + o.query_chars,

@@ -49,13 +49,44 @@ def test_predict_writes_one_row_per_record(adapter, tmp_path, monkeypatch):
     records = [json.loads(line) for line in RECORDS.read_text().splitlines()][:2]
     assert [r["id"] for r in rows] == [r["id"] for r in records]
     for row, rec in zip(rows, records):
-        assert list(row) == ["id", "call", "direct_call", "wave_s", "prefill_s", "decode_s", "n_queries"]
+        assert list(row) == ["id", "call", "direct_call", "wave_s", "prefill_s", "decode_s", "n_queries",
+                             "block_tokens", "cached_tokens"]
+        assert row["cached_tokens"] == 0 < row["block_tokens"]            # no cache unless asked
         assert row["n_queries"] == len(sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True).queries)
         assert row["wave_s"] == pytest.approx(row["prefill_s"] + row["decode_s"])
         for call in (row["call"], row["direct_call"]):
             assert call is None or set(call) == {"name", "arguments"}
     again = list(predict_records(Sidecar.from_adapter(adapter, threads=1), records))
     assert [(r["call"], r["direct_call"]) for r in again] == [(r["call"], r["direct_call"]) for r in rows]
+
+
+def test_predict_with_warm_tools_starts_each_wave_from_its_toolbox(adapter, tmp_path, capsys):
+    records = [json.loads(line) for line in RECORDS.read_text().splitlines()][:3]
+    tools_first = shutil.copytree(adapter, tmp_path / "tools_first")
+    meta = json.loads((tools_first / "sidecar.json").read_text())
+    (tools_first / "sidecar.json").write_text(json.dumps({**meta, "layout_version": 3}))
+    adapter = tools_first
+    sidecar = Sidecar.from_adapter(adapter, threads=1)
+    assert sidecar.layout == 3
+    cold = list(predict_records(sidecar, records))
+    from ooospec.runtime.session import PrefixCache
+
+    sidecar.prefix_cache = PrefixCache(max_tokens=50_000)
+    warm = list(predict_records(sidecar, records, warm_tools=True))
+    assert [(r["call"], r["direct_call"]) for r in warm] == [(r["call"], r["direct_call"]) for r in cold]
+    tok = byte_tokenizer()
+    for row, rec in zip(warm, records):   # the toolbox block (no turn yet) is what every wave starts from
+        toolbox = sp.shared_block([], rec["tools"], layout=3)
+        block = sp.shared_block(rec["messages"], rec["tools"], layout=3)
+        shared = len(tok(os.path.commonprefix([toolbox, block]), add_special_tokens=False)["input_ids"])
+        assert row["block_tokens"] > row["cached_tokens"] >= shared - 1 > 0
+    out = tmp_path / "p.jsonl"
+    assert cli.main(["sidecar", "predict", "--adapter", str(adapter), "--dataset", str(RECORDS), "--out", str(out),
+                     "--threads", "1", "--limit", "2", "--prefix-cache-tokens", "4096", "--warm-tools"]) == 0
+    assert "median prefill" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--warm-tools"):
+        cli.main(["sidecar", "predict", "--adapter", str(adapter), "--dataset", str(RECORDS), "--out", str(out),
+                  "--warm-tools"])
 
 
 def test_predict_names_a_missing_dataset(adapter, tmp_path):

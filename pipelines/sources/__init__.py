@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import importlib
 
-# source name -> (module, folder under ingest.source)
-SOURCES: dict[str, tuple[str, str]] = {
-    "apibank": ("ooospec.pipelines.sources.apibank", "apibank/raw"),
-    "toolalpaca": ("ooospec.pipelines.sources.toolalpaca", "toolalpaca/raw"),
-    "bfcl": ("ooospec.pipelines.sources.bfcl", "bfcl/raw"),
-    "sealtools": ("ooospec.pipelines.sources.sealtools", "sealtools/raw"),
-    "glaive": ("ooospec.pipelines.sources.glaive", "glaive_toolcall/raw"),
-    "toolrl": ("ooospec.pipelines.sources.toolrl", "toolrl/raw"),
+# parser module -> its folder under ingest.source; the source's name is the module's own name
+_PARSERS: dict[str, str] = {
+    "ooospec.pipelines.sources.apibank": "apibank/raw",
+    "ooospec.pipelines.sources.toolalpaca": "toolalpaca/raw",
+    "ooospec.pipelines.sources.bfcl": "bfcl/raw",
+    "ooospec.pipelines.sources.sealtools": "sealtools/raw",
+    "ooospec.pipelines.sources.glaive": "glaive_toolcall/raw",
+    "ooospec.pipelines.sources.toolrl": "toolrl/raw",
 }
+# source name -> (module, folder under ingest.source)
+SOURCES: dict[str, tuple[str, str]] = {module.rpartition(".")[2]: (module, folder)
+                                       for module, folder in _PARSERS.items()}
 
 
 def load(name: str):

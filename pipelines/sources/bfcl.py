@@ -80,14 +80,12 @@ UPSTREAM = "ShishirPatil/gorilla@6ea57973c7a6097fd7c5915698c54c17c5b1b6c8"
 MISSING_ANSWER = "missing_answer"
 UNSUPPORTED_TYPE = "unsupported_type"
 
-# split -> (question file under root, language of the function docs)
-SPLITS: dict[str, tuple[str, str]] = {
-    "simple-python": ("BFCL_v4_simple_python.json", "python"),
-    "simple-java": ("BFCL_v4_simple_java.json", "java"),
-    "simple-javascript": ("BFCL_v4_simple_javascript.json", "javascript"),
-    "multiple": ("BFCL_v4_multiple.json", "python"),
-    "parallel": ("BFCL_v4_parallel.json", "python"),
-}
+# split -> language of the function docs
+_LANGUAGES: dict[str, str] = {"simple-python": "python", "simple-java": "java", "simple-javascript": "javascript",
+                              "multiple": "python", "parallel": "python"}
+# split -> (question file under root, language of the function docs); "simple-java" -> BFCL_v4_simple_java.json
+SPLITS: dict[str, tuple[str, str]] = {split: (f"BFCL_v4_{split.replace('-', '_')}.json", language)
+                                      for split, language in _LANGUAGES.items()}
 ANSWER_DIR = "possible_answer"
 
 # BFCL Python type names -> JSON Schema type (None = no constraint)

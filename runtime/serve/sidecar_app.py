@@ -61,11 +61,13 @@ from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.serve.admission import admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
+from ooospec.runtime.session import PrefixCache
 from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
+DEFAULT_PREFIX_CACHE_TOKENS = 16384   # ~400 MB of fp32 KV for a 0.5B Qwen2.5 sidecar (24 KB per token)
 MODEL_NAME = "sidecar"          # the served model name (vLLM: --lora-modules sidecar=DIR)
 
 
@@ -227,11 +229,12 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
     eos = list(sidecar.eos_token_ids)
     out: list[list[int]] = [[] for _ in prompts]
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0,
-             "drafted": 0, "accepted": 0}
+             "drafted": 0, "accepted": 0, "cached_tokens": 0}
     for g in groups:
         toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos,
                                    should_stop=should_stop, propose=sidecar.drafter(g.block, g.queries),
-                                   max_draft_nodes=sidecar.max_draft_nodes)
+                                   max_draft_nodes=sidecar.max_draft_nodes,
+                                   prefix_cache=getattr(sidecar, "prefix_cache", None))
         for i, t in zip(g.members, toks):
             out[i] = t
         for k in stats:
@@ -287,7 +290,8 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
-                "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0))}
+                "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
+                "prefix_cache": None if (cache := getattr(sidecar, "prefix_cache", None)) is None else cache.to_dict()}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -324,10 +328,13 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
 
 def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           threads: int | None = None, cpus: Sequence[int] | None = None, dtype: str = "fp32",
-          limits: Limits = Limits()) -> None:
+          limits: Limits = Limits(), prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
+    ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.session.PrefixCache`,
+    LRU; 0 = none): a tools-first adapter's wave then prefills only what follows the longest block prefix an
+    earlier wave computed -- its conversation, once its toolbox has been seen.
     """
     import uvicorn
 
@@ -337,6 +344,8 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
         logger.warning("serving on %s: the sidecar server has no authentication; keep it on loopback "
                        "(127.0.0.1) unless the network is yours", host)
     sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype)
+    if prefix_cache_tokens > 0:
+        sidecar.prefix_cache = PrefixCache(max_tokens=prefix_cache_tokens)
     app = create_app(sidecar, limits=limits)
     logger.info("sidecar serving on http://%s:%d (threads=%s, cpus=%s)", host, port, threads, cpus)
     uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,

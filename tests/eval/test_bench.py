@@ -17,6 +17,7 @@ from ooospec import cli
 from ooospec.eval import harness, peers
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
 from ooospec.runtime import hardware
+from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.formats import detect_format
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
@@ -159,13 +160,20 @@ def fake_roofline(monkeypatch):
                                                                       "dtype": dtype, **ROOF})
 
 
-def test_cli_writes_results_and_report(tmp_path, target, fake_roofline):
+def saved_toy_bench(tmp_path, target) -> tuple:
+    """``(model folder, records file)``: the tiny target saved under ``tmp_path/tiny``, :func:`toy_records` as
+    ``tmp_path/toy.jsonl`` (what ``ooospec bench --target --dataset`` reads)."""
     model, tok = target
     model_dir = tmp_path / "tiny"
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     data = tmp_path / "toy.jsonl"
     write_jsonl(data, toy_records())
+    return model_dir, data
+
+
+def test_cli_writes_results_and_report(tmp_path, target, fake_roofline):
+    model_dir, data = saved_toy_bench(tmp_path, target)
     out = tmp_path / "results.json"
     rc = cli.main(["bench", "--target", str(model_dir), "--dataset", str(data), "--dtype", "fp32",
                    "--threads", "1", "--limit", "2", "--max-new-tokens", "12", "--warmup", "0",
@@ -339,6 +347,98 @@ def test_ooospec_gold_hints_are_exact_used_and_reported(target):
     assert "hints" not in res["methods"]["toolspec"]
 
 
+def float64_bench(kind: str) -> tuple:
+    """``(model, tokenizer, records)`` in float64: ``random``, the tiny random Llama of tests/runtime/conftest.py
+    (random text, 24 tokens a record) on :func:`toy_records`; ``trained``, the tiny chat model that writes
+    ``get_weather(city="Paris")`` (tests/runtime/chat_tiny.py), on records whose gold calls it does NOT write."""
+    import copy
+
+    from tests.runtime.chat_tiny import AFTER_TOOL, TOOLS, USER, trained_chat_model
+    from tests.runtime.conftest import tiny_model
+
+    if kind == "random":
+        return tiny_model("llama"), byte_tokenizer(), toy_records()
+    model, tok = trained_chat_model()
+    records = [make_record("toy", "test", "call", TOOLS, USER, [call("get_weather", {"city": "Oslo"})]),
+               make_record("toy", "test", "answer", TOOLS, AFTER_TOOL, [call("get_weather", {"city": "Rome"})])]
+    return copy.deepcopy(model).double(), tok, records
+
+
+@pytest.mark.parametrize("kind", ["random", "trained"])
+def test_ooospec_oracle_and_gold_hints_change_no_token_on_float64_targets(kind):
+    model, tok, records = float64_bench(kind)
+    assert next(model.parameters()).dtype == torch.float64
+    factories, _ = harness.build_methods(["ar", "ooospec-oracle", "ooospec-gold"], model, tok,
+                                       eos_token_ids=harness.eos_ids(model, tok))
+    res = harness.run_bench(model, tok, records, factories, fmt=detect_format(tok), max_new_tokens=48,
+                          progress=False)
+    assert list(res["methods"]) == ["ar", "hf-greedy", "ooospec-oracle", "ooospec-gold"]
+    ar = {r["id"]: r["tokens"] for r in res["examples"] if r["method"] == "ar"}
+    for row in res["examples"]:
+        assert row["tokens"] == ar[row["id"]], (row["method"], row["id"])     # exact, token for token
+        assert row["exact"] and row["mismatch"] is None
+    oracle = [r for r in res["examples"] if r["method"] == "ooospec-oracle"]
+    assert len(oracle) == len(records)
+    for row in oracle:
+        h = row["hints"]
+        assert h["source"] == "oracle" and h["ready_s"] == 0.0 and h["ready_step"] == 0
+        assert h["num_accepted_tokens"] >= 0 and h["target_sidecar_s"] >= h["match_s"] >= 0
+    summary = res["methods"]["ooospec-oracle"]["hints"]
+    assert summary["source"] == "oracle" and summary["n"] == len(records) and summary["errors"] == {}
+    assert summary["mean_hint_tokens_accepted"] >= 0
+    assert res["methods"]["ooospec-gold"]["hints"]["source"] == "gold"
+    if kind == "trained":     # the target writes a call: the oracle hints it, and the hints are taken
+        by_id = {r["id"]: r["hints"] for r in oracle}
+        assert by_id["toy/test/call"]["call"] == call("get_weather", {"city": "Paris"})
+        assert by_id["toy/test/call"]["num_accepted_tokens"] > 0
+        assert by_id["toy/test/answer"]["call"] is None and by_id["toy/test/answer"]["bank_tokens"] == 0
+
+
+def test_the_oracle_bank_is_built_from_ar_calls_not_gold():
+    """The oracle hints with the call the target wrote (Paris), never with the record's gold call (Oslo)."""
+    from ooospec.eval.method_api import BenchContext
+    from ooospec.eval.ooospec_method import OracleHints
+    from ooospec.runtime.hints import HintBank
+
+    model, tok, records = float64_bench("trained")
+    rec = records[0]
+    fmt = detect_format(tok)
+    factories, _ = harness.build_methods(["ar"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+    res = harness.run_bench(model, tok, [rec], factories, fmt=fmt, max_new_tokens=48, progress=False, warmup=0)
+    ar_tokens = next(r["tokens"] for r in res["examples"] if r["method"] == "ar")
+    written = fmt.parse_calls(tok.decode(ar_tokens, skip_special_tokens=False))
+    assert written == [call("get_weather", {"city": "Paris"})] != rec["calls"]    # gold says Oslo
+
+    ctx = BenchContext(model, tok, fmt, harness.eos_ids(model, tok), 48, harness.make_stop(tok, fmt), record=rec)
+    ctx.set_reference(rec["id"], ar_tokens)
+    bank = OracleHints().start(ctx, 0.0)
+    assert bank.views == HintBank.from_calls(written, fmt, tok).views
+    assert bank.views != HintBank.from_calls(rec["calls"], fmt, tok).views
+    texts = [tok.decode(list(v)) for v in bank.views.values()]
+    assert all("Paris" in t and "Oslo" not in t for t in texts)
+    assert any(t in tok.decode(ar_tokens, skip_special_tokens=False) for t in texts)   # the target's own text
+
+
+def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
+    from ooospec.eval.method_api import BenchContext
+    from ooospec.eval.ooospec_method import OracleHints
+
+    model, tok = target
+    fmt = detect_format(tok)
+    a, b = sorted(toy_records(), key=lambda r: r["id"])[:2]
+    ctx = BenchContext(model, tok, fmt, [258], 8, harness.make_stop(tok, fmt), record=a)
+    with pytest.raises(ValueError, match=r"oracle hints for 'toy/test/a' need the baseline 'ar' output.*none"):
+        OracleHints().start(ctx, 0.0)
+    ctx.set_reference(b["id"], [1, 2, 3])      # ar's output of another request is no reference for this one
+    with pytest.raises(ValueError, match="have one for 'toy/test/b'"):
+        OracleHints().start(ctx, 0.0)
+    # a run where ar does not come first: refused at the oracle's first call, before anything is timed
+    factories, _ = harness.build_methods(["ar", "ooospec-oracle"], model, tok, eos_token_ids=[258])
+    reordered = {"ooospec-oracle": factories["ooospec-oracle"], "ar": factories["ar"]}
+    with pytest.raises(ValueError, match="need the baseline 'ar' output"):
+        harness.run_bench(model, tok, toy_records(), reordered, fmt=fmt, max_new_tokens=8, progress=False)
+
+
 @pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
 def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
     from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
@@ -377,7 +477,7 @@ def test_the_hint_flags_become_typed_hint_options():
     import argparse
 
     from ooospec.eval import bench
-    from ooospec.eval.ooospec_method import GoldHints
+    from ooospec.eval.ooospec_method import GoldHints, OracleHints
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
@@ -387,12 +487,81 @@ def test_the_hint_flags_become_typed_hint_options():
     assert options == harness.HintOptions(source="gold", sidecar_adapter="a", sidecar_deploy="split", dtype="fp32")
     proc, hints = harness.start_hints(options, bench_threads=1)   # gold: no server is started
     assert proc is None and isinstance(hints, GoldHints)
+    oracle = bench.hint_options(p.parse_args(["--target", "t", "--dataset", "d", "--hints", "oracle"]))
+    assert oracle.source == "oracle"
+    proc, hints = harness.start_hints(oracle, bench_threads=1)    # oracle: no server either
+    assert proc is None and isinstance(hints, OracleHints) and hints.name == "oracle"
+    with pytest.raises(ValueError, match="hint source 'psychic'"):
+        harness.HintOptions(source="psychic")
     with pytest.raises(ValueError, match="deployment 'nowhere'"):
         harness.HintOptions(sidecar_deploy="nowhere")
     # a running sidecar (nothing is contacted until a request), with and without the wave gate
     for gate in (False, True):
         proc, hints = harness.start_hints(harness.HintOptions(sidecar_url="http://127.0.0.1:9", sidecar_gate=gate), 1)
         assert proc is None and hints.name == "sidecar" and (hints.client.gate is not None) == gate
+
+
+ABC_SHA256 = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"   # sha256(b"abc"), FIPS 180-2
+
+
+def fake_adapter(path):
+    """A sidecar adapter folder whose weights file holds the bytes ``abc`` and whose layout is 2."""
+    path.mkdir()
+    (path / "adapter_model.safetensors").write_bytes(b"abc")
+    (path / "sidecar.json").write_text(json.dumps({"layout_version": 2, "base": "b"}))
+    return path
+
+
+def test_the_sidecar_adapter_is_recorded_by_path_weights_hash_and_layout(tmp_path, monkeypatch):
+    adapter = fake_adapter(tmp_path / "adapter")
+    record = {"path": str(adapter.resolve()), "sha256": ABC_SHA256, "layout_version": 2}
+    assert harness.adapter_record(adapter) == record
+    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_adapter=str(adapter))) == {**record,
+                                                                                                "url": None}
+    monkeypatch.setenv("OOOSPEC_SIDECAR_ADAPTER", str(adapter))      # the adapter start_hints would launch
+    assert harness.sidecar_adapter_record(harness.HintOptions()) == {**record, "url": None}
+    url = "http://127.0.0.1:9"
+    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_url=url)) == {
+        "path": None, "sha256": None, "layout_version": None, "url": url}      # someone else's server: unknown
+    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_url=url, sidecar_adapter=str(adapter))) == {
+        **record, "url": url}
+    for source in ("gold", "oracle"):                                           # no sidecar ran
+        assert harness.sidecar_adapter_record(harness.HintOptions(source=source, sidecar_adapter=str(adapter))) is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert harness.adapter_record(empty) == {"path": str(empty.resolve()), "sha256": None, "layout_version": None}
+
+
+def test_cli_bench_with_oracle_hints_and_with_a_sidecar_records_the_adapter(tmp_path, target, fake_roofline):
+    from tests.runtime.sidecar_servers import StandIn
+
+    model_dir, data = saved_toy_bench(tmp_path, target)
+    adapter = fake_adapter(tmp_path / "adapter")
+    base = ["bench", "--target", str(model_dir), "--dataset", str(data), "--dtype", "fp32", "--threads", "1",
+            "--limit", "2", "--max-new-tokens", "12", "--warmup", "0", "--no-roofline"]
+
+    out = tmp_path / "oracle.json"
+    assert cli.main([*base, "--methods", "ar,ooospec,ooospec-oracle", "--hints", "oracle", "--out", str(out),
+                     "--report-dir", str(tmp_path / "report")]) == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["hints"] == "oracle" and res["config"]["sidecar"] is None
+    assert res["env"]["sidecar_adapter"] is None                                # no sidecar ran
+    for name in ("ooospec", "ooospec-oracle"):
+        assert res["methods"][name]["exact_rate"] == 1.0 and res["methods"][name]["hints"]["source"] == "oracle"
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "hints: oracle / gold / real" in table and "| toy | oracle | ooospec-oracle | 2 |" in table
+
+    out = tmp_path / "sidecar.json"
+    with StandIn("invalid_json") as server:
+        assert cli.main([*base, "--methods", "ar,ooospec", "--sidecar-url", server.url, "--sidecar-adapter",
+                         str(adapter), "--out", str(out), "--report-dir", str(tmp_path / "report")]) == 0
+    res = json.loads(out.read_text())
+    assert res["env"]["sidecar_adapter"] == {"path": str(adapter.resolve()), "sha256": ABC_SHA256,
+                                             "layout_version": 2, "url": server.url}
+    assert res["methods"]["ooospec"]["exact_rate"] == 1.0 and res["methods"]["ooospec"]["hints"]["source"] == "sidecar"
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "| toy | real | ooospec | 2 |" in table
+    assert f"sidecar adapter {adapter.resolve()} (weights sha256 {ABC_SHA256[:12]}, layout 2)" in table
 
 
 # ------------------------------------------------------------------------------------------ warm toolbox
@@ -416,6 +585,37 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
         assert row["exact"] and row["exact_hf"]
     hf_first = [r["tree_sizes"][0] for r in warm["examples"] if r["method"] == "hf-greedy"]
     assert hf_first == [1, 1, 1]   # the HF prefill forward carried only the uncached tail (+ the first token)
+
+
+def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, results):
+    """--warm-tools with a real sidecar server (tiny model, tools-first layout, block KV cache): each request's
+    toolbox is prefilled untimed, so its wave starts from it; the target's tokens stay ar's."""
+    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
+    from ooospec.runtime.serve.sidecar_app import create_app
+    from ooospec.runtime.session import PrefixCache
+    from ooospec.runtime.sidecar import Sidecar
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from tests.runtime.conftest import tiny_model
+    from tests.runtime.sidecar_servers import running_app
+
+    model, tok = target
+    sidecar = Sidecar(tiny_model("llama"), tok, max_new_tokens=6, metadata={"layout_version": 3},
+                      prefix_cache=PrefixCache(max_tokens=50_000))
+    with running_app(create_app(sidecar)) as url:
+        hints = SidecarHints(SidecarClient(url, max_tokens=6), DEPLOYMENTS["wave-first"], 1)
+        factories, _ = harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
+                                           hints=hints)
+        res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+                                progress=False, warm_tools=True, warmup=0)
+    cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
+    rows = [r for r in res["examples"] if r["method"] == "ooospec"]
+    assert [r["tokens"] for r in rows] == [cold[(r["id"], "ar")] for r in rows]
+    for row in rows:
+        rec = next(r for r in toy_records() if r["id"] == row["id"])
+        toolbox = sp.shared_block([], rec["tools"], layout=3).split("Conversation:")[0]
+        server = row["hints"]["server"]   # wave-first: the wave's answer is in before the target starts
+        assert server["cached_tokens"] >= len(tok(toolbox, add_special_tokens=False)["input_ids"]) - 1, row["id"]
+        assert server["cached_tokens"] < server["block_tokens"]
 
 
 def test_warm_tools_refuses_a_method_without_a_cache_hook(target):

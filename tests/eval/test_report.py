@@ -79,6 +79,43 @@ def test_hint_table_only_for_methods_with_hints():
     assert report.hint_table({"methods": {"ar": {"n": 1}}, "examples": []}) == []
 
 
+def test_hint_sources_table_puts_oracle_gold_and_real_side_by_side():
+    from ooospec.eval import report
+
+    def hinted(source, accepted, mat):
+        return {"n": 3, "mat": mat, "hints": {"n": 3, "source": source, "mean_hint_tokens_accepted": accepted}}
+
+    res = {"config": {"dataset": "data/dedupe/eval/apibank-l1.jsonl", "hints": "sidecar",
+                      "methods": ["ar", "toolspec", "ooospec", "ooospec-gold", "ooospec-oracle"]},
+           "methods": {"ar": {"n": 3, "mat": 1.0}, "toolspec": {"n": 3, "mat": 2.5},
+                       "ooospec": hinted("sidecar", 4.0, 3.1), "ooospec-gold": hinted("gold", 9.5, 4.0),
+                       "ooospec-oracle": hinted("oracle", 12.4, 4.5)}, "examples": []}
+    lines = report.hint_sources_table(res)
+    assert lines[1] == "hints: oracle / gold / real"
+    assert lines[3].splitlines()[2:] == ["| apibank-l1 | oracle | ooospec-oracle | 3 | 12.4 | 4.50 |",
+                                         "| apibank-l1 | gold | ooospec-gold | 3 | 9.5 | 4.00 |",
+                                         "| apibank-l1 | real | ooospec | 3 | 4.0 | 3.10 |"]
+    assert "\n".join(lines) in report.markdown_table(res)
+    # a summary from before hints.source: the method's name (or the run's --hints) says where its hints came from
+    del res["methods"]["ooospec-gold"]["hints"]["source"], res["methods"]["ooospec"]["hints"]["source"]
+    res["config"]["hints"] = "oracle"
+    rows = report.hint_sources_table(res)[3].splitlines()[2:]
+    assert [r.split(" | ")[1:3] for r in rows] == [["oracle", "ooospec"], ["oracle", "ooospec-oracle"],
+                                                   ["gold", "ooospec-gold"]]
+    assert report.hint_sources_table({"methods": {"ar": {"n": 1}, "toolspec": {"n": 1}}, "examples": []}) == []
+
+
+def test_the_report_names_the_sidecar_adapter():
+    from ooospec.eval import report
+
+    res = {"methods": {}, "examples": [], "env": {"sidecar_adapter": {
+        "path": "/a/sidecar", "sha256": "ab" * 32, "layout_version": 2, "url": None}}}
+    assert report.adapter_line(res) == f"sidecar adapter /a/sidecar (weights sha256 {'ab' * 6}, layout 2)"
+    res["env"]["sidecar_adapter"] = {"path": None, "sha256": None, "layout_version": None, "url": "http://h:1"}
+    assert report.adapter_line(res) == "sidecar hints from the server http://h:1 (adapter not named)"
+    assert report.adapter_line({"env": {"sidecar_adapter": None}}) is None and report.adapter_line({}) is None
+
+
 def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
     from ooospec.eval import report
     from ooospec.eval.ooospec_method import summarize_hints

@@ -107,3 +107,22 @@ def test_a_sidecar_guess_drafts_and_speculates():
     _join_tool_runs()
     assert run.steps[0].guess == CALL and run.steps[0].hit
     assert (executor.stats.started, executor.stats.hits, executor.stats.misses) == (2, 1, 0) and len(impl.calls) == 2
+
+
+def test_the_idle_window_hook_sees_the_call_before_its_tool_runs():
+    """``on_tool_start`` gets the conversation ending in the call, once per call, before the tool runs; the
+    turns are the same as without it."""
+    executor, impl = _tools(side_effect_free=False)
+    seen = []
+
+    def idle(messages, tools):
+        seen.append((messages, tools, len(impl.calls)))
+
+    run = run_agent(_chat(True), USER, TOOLS, executor, max_turns=4, max_new_tokens=40, on_tool_start=idle)
+    plain = run_agent(_chat(True), USER, TOOLS, _tools(side_effect_free=False)[0], max_turns=4, max_new_tokens=40)
+    assert [s.text for s in run.steps] == [s.text for s in plain.steps]
+    assert len(seen) == 1
+    messages, tools, calls_before = seen[0]
+    assert calls_before == 0 and tools == TOOLS
+    assert messages == [*USER, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                                    "function": CALL}]}]

@@ -32,6 +32,13 @@ def test_every_cli_reads_its_choices_from_the_registry():
     assert harness.KNOWN_METHODS == tuple(methods.REGISTRY)
     assert set(harness.ENGINE_METHODS) | set(harness.PEER_METHODS) == set(methods.REGISTRY)
     assert harness.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
+    from ooospec.eval import bench
+
+    assert methods.HINT_SOURCES == ("sidecar", "gold", "oracle")
+    assert _choices(bench.add_arguments, "--hints") == methods.HINT_SOURCES
+    assert {n: m.hints for n, m in methods.REGISTRY.items() if m.hints} == {
+        "ooospec": "sidecar", "ooospec-gold": "gold", "ooospec-oracle": "oracle"}
+    assert "ooospec-oracle" not in methods.SERVED             # bench only: it needs ar's output of the request
     with pytest.raises(ValueError, match="unknown method 'pld'; known: ar, toolspec, ooospec"):
         methods.get_method("pld", served=True)
     with pytest.raises(ValueError, match="unknown method"):

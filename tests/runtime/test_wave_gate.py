@@ -105,7 +105,7 @@ def test_decision_record_shape():
     d = decide(WAVE, TOOLS, SPLIT, key="k")
     rec = d.to_dict()
     assert set(rec) == {"decision", "expected_saving_s", "expected_cost_s", "queries", "num_queries",
-                        "dropped_verbatim", "options", "probe"}
+                        "dropped_verbatim", "options", "probe", "cached_chars"}
     assert rec["decision"] == "slots" and rec["num_queries"] == len(rec["queries"]) == 3
     assert set(rec["options"]) == {"skip", "index", "slots"} and rec["options"]["skip"] == [0.0, 0.0]
     json.dumps(rec)                                   # a plain JSON record (bench rows, chat turn stats)
