@@ -177,9 +177,9 @@ class SidecarHints:
         """``--warm-tools`` (untimed): the server prefills the request's toolbox -- its block with the leading
         system messages and no turn yet -- so the wave at arrival starts from it (a tools-first adapter shares
         that much of its block; a context-first one shares nothing and pays in full, as it would in use)."""
-        messages = ctx.record["messages"]
-        n_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
-        self.client.prefill(messages[:n_system], ctx.record["tools"], wait=True)
+        from ooospec.runtime.sidecar_prompts import toolbox_messages
+
+        self.client.prefill(toolbox_messages(ctx.record["messages"]), ctx.record["tools"], wait=True)
 
     def start(self, ctx, arrival: float):
         import torch

@@ -44,9 +44,7 @@ def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = Fals
     for rec in records:
         layout = getattr(sidecar, "layout", sp.LAYOUT_VERSION)    # the adapter's layout
         if warm_tools:
-            messages = rec["messages"]
-            n_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
-            sidecar.prefill(sp.shared_block(messages[:n_system], rec["tools"], layout=layout))
+            sidecar.prefill(sp.shared_block(sp.toolbox_messages(rec["messages"]), rec["tools"], layout=layout))
         wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True, layout=layout)
         result = sidecar.answer(wave)
         call = sp.join_answers(rec["tools"], wave, result.answers)

@@ -262,8 +262,8 @@ class SidecarClient:
         """
         def run() -> bool:
             try:
-                wave = sp.build_wave(messages, tools, prior_calls, False, self.server_layout())
-                body = json.dumps({"model": self.model, "prompt": [wave.block + sp.INDEX_QUERY], "max_tokens": 1,
+                block = sp.shared_block(messages, tools, prior_calls, self.server_layout())
+                body = json.dumps({"model": self.model, "prompt": [block + sp.INDEX_QUERY], "max_tokens": 1,
                                    "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
                 self._post(HintRequest(time.perf_counter()), body)
             except _Failure as e:
@@ -273,7 +273,7 @@ class SidecarClient:
                 logger.warning("sidecar prefill failed: %r", e, exc_info=True)
                 return False
             if self.gate is not None:
-                self.gate.remember(wave.block)
+                self.gate.remember(block)
             return True
 
         if wait:

@@ -229,6 +229,13 @@ def context_view(messages: Sequence[Any], prior_calls: Sequence[Mapping] = ()) -
     return "\n".join(out)
 
 
+def toolbox_messages(messages: Sequence[Any]) -> list[Any]:
+    """The leading system messages: what a toolbox's block holds before any turn (``--warm-tools`` prefills it)."""
+    n = next((i for i, m in enumerate(messages) if not isinstance(m, Mapping) or m.get("role") != "system"),
+             len(messages))
+    return list(messages[:n])
+
+
 def check_layout(layout: Any) -> int:
     """``layout`` when it is one of :data:`LAYOUTS`; raises ValueError otherwise."""
     if isinstance(layout, bool) or layout not in LAYOUTS:
