@@ -28,12 +28,13 @@ Acceptance model. A proposal of drafter ``d`` at rank ``r`` (0 = its best guess)
 given its first ``j - 1`` were, with probability ``q[d][rank bucket of r][depth bucket of j]``; a node's
 probability is the largest prefix product ``q(1) * .. * q(j)`` over the proposals passing through it.
 :class:`AcceptanceStats` keeps counts per drafter *name* (so a new drafter plugs in by its ``name``) at two levels:
-across requests (a Beta prior worth two trials, centred on 0.5 for the first token and on the estimate of the
-depth bucket above for deeper ones: a drafter right about its first tokens is presumed right further on until
-shown otherwise), and for the current request, whose estimate starts at the across-requests one and moves with
+across requests (a Beta prior worth two trials, centred on the drafter's first-token prior for the first token
+(0.5 unless the drafter declares one, :meth:`AcceptanceStats.set_prior`) and on the estimate of the depth bucket
+above for deeper ones: a drafter right about its first tokens is presumed right further on until shown otherwise),
+and for the current request, whose estimate starts at the across-requests one and moves with
 the request's own trials::
 
-    p_all     = (accepted_all + 2 * prior) / (trials_all + 2)      prior = 0.5 at depth 1, else the p_all one
+    p_all     = (accepted_all + 2 * prior) / (trials_all + 2)      prior = the drafter's at depth 1, else the p_all one
     p_request = (accepted_req + W * p_all) / (trials_req + W)          W = request_weight (8 trials)
     p_plan    = min(1, p_request + C * sqrt(p_request * (1 - p_request) / (trials_all + 1)))   C = exploration
 
@@ -205,7 +206,8 @@ class AcceptanceStats:
         self.max_trials = max_trials
         self._all: dict[str, list[list[list[float]]]] = {}      # name -> [rank][depth] -> [trials, accepted]
         self._request: dict[str, list[list[list[float]]]] = {}
-        self._trees = [0.0, 0.0]      # [tree steps (more than the root), of which stopped at a root near-tie]
+        self._priors: dict[str, float] = {}                      # name -> first-token prior mean (default 0.5)
+        self._roots = [0.0, 0.0]      # [steps whose root margin was judged, of which the margin was a near-tie]
         # realized vs planned speed: [tokens, seconds, planned tokens, planned seconds] of tree steps and of
         # root-only steps (see efficiency)
         self._speed = {"tree": [0.0, 0.0, 0.0, 0.0], "root": [0.0, 0.0, 0.0, 0.0]}
@@ -216,6 +218,18 @@ class AcceptanceStats:
     @staticmethod
     def _cells() -> list[list[list[float]]]:
         return [[[0.0, 0.0] for _ in DEPTH_EDGES] for _ in range(NUM_RANKS)]
+
+    def set_prior(self, drafter: str, p: float) -> None:
+        """The prior mean of ``drafter``'s first-token acceptance for its best guess (rank 0; worth two trials;
+        default 0.5; other ranks keep 0.5: they are alternatives to the best guess).
+
+        A drafter whose proposals are known to be reliable before any are verified (a hint continuing a long
+        suffix match, measured by ``python -m ooospec.eval.hint_replay``) declares it, so that the policy tries
+        it where a tree costs several one-token forwards; its own trials take over from there.
+        """
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"a prior must be in (0, 1), got {p}")
+        self._priors[drafter] = float(p)
 
     def start_request(self) -> None:
         """Forget the per-request counts (the across-requests ones stay)."""
@@ -234,7 +248,7 @@ class AcceptanceStats:
         """``(p_request, trials_all)`` of one cell."""
         r, d = rank_bucket(rank), depth_bucket(depth)
         cells = self._all[drafter][r] if drafter in self._all else self._cells()[0]
-        p_all = 0.5
+        p_all = self._priors.get(drafter, 0.5) if r == 0 else 0.5    # a declared prior is for its best guess
         for t_all, a_all in cells[:d + 1]:     # each depth bucket's prior mean is the shallower bucket's estimate
             p_all = (a_all + 2.0 * p_all) / (t_all + 2.0)
         t_req, a_req = self._request[drafter][r][d] if drafter in self._request else (0.0, 0.0)
@@ -264,17 +278,27 @@ class AcceptanceStats:
                 cell[1] *= scale
 
     def root_tie_rate(self) -> float:
-        """Estimated P(a tree step stops at a near-tie at its root), prior 1 in 20 worth 10 steps."""
-        trees, ties = self._trees
-        return (ties + 0.5) / (trees + 10.0)
+        """Estimated P(a tree step stops at a near-tie at its root), prior 1 in 20 worth 10 steps.
+
+        Counted over every step whose root margin was judged (tree steps, and one-token steps the engine reports
+        with :meth:`record_root_tie`): the margin at the root is the target's, whatever the tree holds, so
+        one-token steps measure it too, and the estimate keeps learning while the policy verifies no trees.
+        """
+        steps, ties = self._roots
+        return (ties + 0.5) / (steps + 10.0)
+
+    def record_root_tie(self, tied: bool) -> None:
+        """One step's root margin: below the tie margin (``tied``) or not."""
+        self._roots[0] += 1
+        self._roots[1] += bool(tied)
+        if self._roots[0] > self.max_trials:
+            self._roots = [t * self.max_trials / self._roots[0] for t in self._roots]
 
     def record_step(self, tree: DraftTree, proposals: Sequence[Proposal], acc: Accepted) -> None:
-        """Update every drafter's counts and the root near-tie rate from one verified step."""
+        """Update every drafter's counts and the root near-tie rate from one verified step (a root-only step
+        says nothing about ties here: the engine reports its margin with :meth:`record_root_tie`)."""
         if tree.num_nodes > 1:
-            self._trees[0] += 1
-            self._trees[1] += acc.bonus is None and len(acc.path) == 1
-            if self._trees[0] > self.max_trials:
-                self._trees = [t * self.max_trials / self._trees[0] for t in self._trees]
+            self.record_root_tie(acc.bonus is None and len(acc.path) == 1)
         for p in proposals:
             trials, accepted = outcome(tree, p.tokens, acc)
             if trials:
@@ -283,7 +307,8 @@ class AcceptanceStats:
     def record_speed(self, num_nodes: int, tokens: int, seconds: float, planned_seconds: float) -> None:
         """One verified step: the tokens it committed in ``seconds`` of forward time, against what was planned
         (``planned_tokens`` of the last :func:`plan_tree`, or 1 for a root-only step, in ``planned_seconds`` =
-        ``T(num_nodes)``)."""
+        ``T(num_nodes)``). The engine leaves out tree steps that stopped at a near-tie at their root: the plan
+        prices those with :meth:`root_tie_rate`, so counting them here too would charge them twice."""
         kind = "tree" if num_nodes > 1 else "root"
         planned = self.planned_tokens if num_nodes > 1 else 1.0
         cell = self._speed[kind]

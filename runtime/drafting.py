@@ -38,3 +38,8 @@ class Drafter(Protocol):
 
     def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:  # optional: learn from a finished call
         ...
+
+    # optional, read by the engine's budget policy (runtime/budget.py):
+    #   proposal_kind: str | None    set by propose(): the class of this step's candidates; their acceptance is
+    #                                estimated apart, as drafter "<name>/<kind>" (hints: long or short suffix match)
+    #   priors: dict[str, float]     first-token acceptance priors per such label (default 0.5)

@@ -50,7 +50,7 @@ from ooospec.runtime.cost_model import ForwardCost, forward_cost
 from ooospec.runtime.drafting import DraftContext, Drafter
 from ooospec.runtime.kv_cache import KVCache, new_kv_cache
 from ooospec.runtime.tree import DraftTree, build_tree
-from ooospec.runtime.verify import accept_greedy, tie_margin_of
+from ooospec.runtime.verify import accept_greedy, tie_margin_of, top2_margins
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
 TreePolicy = Literal["budget", "fixed"]
@@ -152,6 +152,9 @@ class SpecEngine:
         self.vocab_size = model.config.get_text_config().vocab_size
         self.kv = new_kv_cache(model)
         self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
+        for drafter in self.drafters:                  # first-token priors a drafter declares for its proposals
+            for label, p in (getattr(drafter, "priors", None) or {}).items():
+                self.acceptance.set_prior(label, p)
 
     def propose(self, ctx: DraftContext) -> list[Proposal]:
         """Every drafter's candidates as :class:`~ooospec.runtime.budget.Proposal` s, in drafter order.
@@ -172,7 +175,9 @@ class SpecEngine:
             if len(valid) < len(cands):
                 bad = next(c for c in cands if c not in valid)
                 self._fault(name, f"proposed token ids outside [0, {self.vocab_size}) at step {ctx.step}: {bad[:20]}")
-            proposals.extend(Proposal(name, rank, c) for rank, c in enumerate(valid) if c)
+            kind = getattr(drafter, "proposal_kind", None)      # a drafter may class its proposals (hints: by match)
+            label = f"{name}/{kind}" if kind else name
+            proposals.extend(Proposal(label, rank, c) for rank, c in enumerate(valid) if c)
         return proposals
 
     def plan(self, root: int, proposals: Sequence[Proposal]) -> tuple[DraftTree, int]:
@@ -251,9 +256,14 @@ class SpecEngine:
             t2 = time.perf_counter()
             kv.commit(acc.kept_nodes)
             self.acceptance.record_step(tree, proposals, acc)
+            root_tie = acc.bonus is None and len(acc.path) == 1
             if self.policy == "budget" and self.cost is not None:
-                self.acceptance.record_speed(tree.num_nodes, len(acc.new_tokens), t2 - t1,
-                                             self.cost.seconds(tree.num_nodes))
+                if tree.num_nodes == 1 and self.tie_margin > 0 and self.drafters:
+                    # the root's margin, which a tree step would have stopped at: keeps the tie rate learning
+                    self.acceptance.record_root_tie(float(top2_margins(logits[:1])[0]) < self.tie_margin)
+                if not root_tie:
+                    self.acceptance.record_speed(tree.num_nodes, len(acc.new_tokens), t2 - t1,
+                                                 self.cost.seconds(tree.num_nodes))
             one_token_next = acc.bonus is None
 
             num_new = 0

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from ooospec.runtime.drafting import DraftContext
 
@@ -39,30 +39,60 @@ if TYPE_CHECKING:
     from ooospec.runtime.engine import GenerationResult
 
 MAX_MATCH = 7        # longest suffix looked up (the OoO-Spec paper: 7 down to 1)
+LONG_MATCH = 4       # a suffix match this long puts the target on a view: its continuation is estimated apart
+# First-token prior of a long match's continuation: `python -m ooospec.eval.hint_replay` on the committed 0.5B reports
+# (eval/reports/bench/hints_ceiling_05b_epyc/) measured 0.78-1.00 for suffixes of 4-7 tokens (gold, real and oracle
+# hints on three benchmarks) against 0.48-1.00 for one-token suffixes.
+LONG_MATCH_PRIOR = 0.85
 
 
 # ------------------------------------------------------------------------------------------ text views
 
 
+def dumps_inline_lists(obj, indent: int = 2, level: int = 0) -> str:
+    """JSON with ``indent``-space nesting like ``json.dumps(obj, indent=indent)``, except that a list of scalars
+    stays on one line (``[3, 2, -4]``), as code models print arrays::
+
+        dumps_inline_lists({"a": [1, 2], "b": [[1, 2], [3]]}) ==
+        '{\\n  "a": [1, 2],\\n  "b": [\\n    [1, 2],\\n    [3]\\n  ]\\n}'
+    """
+    if isinstance(obj, dict) and obj:
+        pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+        items = (f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {dumps_inline_lists(v, indent, level + 1)}"
+                 for k, v in obj.items())
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and obj and any(isinstance(v, (dict, list)) for v in obj):
+        pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+        return "[\n" + ",\n".join(inner + dumps_inline_lists(v, indent, level + 1) for v in obj) + "\n" + pad + "]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
 def render_views(call: Mapping, fmt: ModuleType) -> dict[str, str]:
     """Equivalent texts of one call ``{"name", "arguments"}``, one per way a target tends to print it.
 
-    For ``{"name": "f", "arguments": {"x": 1}}`` and the hermes format::
+    For ``{"name": "f", "arguments": {"x": [1, 2]}}`` and the hermes format::
 
-        format     <tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>   (fmt.render_call)
-        compact    {"name":"f","arguments":{"x":1}}
-        spaced     {"name": "f", "arguments": {"x": 1}}
-        pretty     ```json\\n{\\n  "name": "f",\\n  "arguments": {\\n    "x": 1\\n  }\\n}\\n```   (Qwen2.5-Coder)
-        arguments  {"x": 1}
+        format     <tool_call>\\n{"name": "f", "arguments": {"x": [1, 2]}}\\n</tool_call>   (fmt.render_call)
+        compact    {"name":"f","arguments":{"x":[1,2]}}
+        spaced     {"name": "f", "arguments": {"x": [1, 2]}}
+        pretty     ```json\\n{\\n  "name": "f",\\n  "arguments": {\\n    "x": [\\n      1,\\n      2\\n    ]\\n ...```
+        pretty_inline  the same with lists of scalars on one line: ``"x": [1, 2]`` (Qwen2.5-Coder on BFCL)
+        mixed      {"name": "f", "arguments": {\\n  "x": [1, 2]\\n}}   (the header on one line, the arguments
+                   indented: Qwen2.5-Coder on API-Bank)
+        arguments  {"x": [1, 2]}
 
-    Non-ASCII characters are kept as they are (``ensure_ascii=False``), as the targets print them.
+    Non-ASCII characters are kept as they are (``ensure_ascii=False``), as the targets print them. Which views
+    make a difference is measured by ``python -m ooospec.eval.hint_replay`` on the committed bench reports.
     """
     bare = {"name": call["name"], "arguments": call["arguments"]}
+    name = json.dumps(bare["name"], ensure_ascii=False)
     return {
         "format": fmt.render_call(bare),
         "compact": json.dumps(bare, ensure_ascii=False, separators=(",", ":")),
         "spaced": json.dumps(bare, ensure_ascii=False),
         "pretty": "```json\n" + json.dumps(bare, ensure_ascii=False, indent=2) + "\n```",
+        "pretty_inline": "```json\n" + dumps_inline_lists(bare) + "\n```",
+        "mixed": '{"name": ' + name + ', "arguments": ' + dumps_inline_lists(bare["arguments"]) + "}",
         "arguments": json.dumps(bare["arguments"], ensure_ascii=False),
     }
 
@@ -120,6 +150,13 @@ class HintBank:
         """Continuations of the longest suffix of ``tokens`` (``max_match`` down to ``min_match`` tokens) found
         in the views: up to ``max_candidates`` distinct ones, each at most ``max_len`` tokens, in view order
         then position order. ``[]`` when no suffix of those lengths occurs (see the module docstring)."""
+        return self.lookup(tokens, max_match=max_match, min_match=min_match, max_len=max_len,
+                           max_candidates=max_candidates)[1]
+
+    def lookup(self, tokens: Sequence[int], *, max_match: int = MAX_MATCH, min_match: int = 1,
+               max_len: int = 16, max_candidates: int = 3) -> tuple[int, list[list[int]]]:
+        """:meth:`match` with the length of the suffix that matched: ``(n, continuations)``, ``(0, [])`` when
+        none did."""
         if not 1 <= min_match <= max_match <= MAX_MATCH:
             raise ValueError(f"need 1 <= min_match <= max_match <= {MAX_MATCH}, got {min_match}, {max_match}")
         for n in range(min(max_match, len(tokens)), min_match - 1, -1):
@@ -135,8 +172,8 @@ class HintBank:
                     found.append(list(cont))
                     if len(found) == max_candidates:
                         break
-            return found
-        return []
+            return n, found
+        return 0, []
 
 
 # ------------------------------------------------------------------------------------------ the drafter
@@ -184,6 +221,7 @@ class HintDrafter:
     """
 
     name = "hints"
+    priors: ClassVar[dict[str, float]] = {"hints/long": LONG_MATCH_PRIOR}
 
     def __init__(self, source: HintSource, *, max_match: int = MAX_MATCH, min_match: int = 1, max_len: int = 16,
                  max_candidates: int = 3):
@@ -199,6 +237,7 @@ class HintDrafter:
         self.num_polls = 0
         self.match_s = 0.0
         self._log: list[tuple[int, int, list[list[int]]]] = []   # [(step, tokens generated before it, cands)]
+        self.proposal_kind: str | None = None   # "long" / "short" suffix match of this step's candidates
 
     def propose(self, ctx: DraftContext) -> list[list[int]]:
         t0 = time.perf_counter()
@@ -209,8 +248,9 @@ class HintDrafter:
                 if self.bank is None:
                     return []
                 self.ready_step = ctx.step
-            cands = self.bank.match(ctx.tokens, max_match=self.max_match, min_match=self.min_match,
-                                    max_len=self.max_len, max_candidates=self.max_candidates)
+            n, cands = self.bank.lookup(ctx.tokens, max_match=self.max_match, min_match=self.min_match,
+                                        max_len=self.max_len, max_candidates=self.max_candidates)
+            self.proposal_kind = "long" if n >= LONG_MATCH else "short"
             if cands:
                 self._log.append((ctx.step, len(ctx.tokens) - ctx.prompt_len, cands))
             return cands

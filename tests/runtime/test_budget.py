@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ooospec.runtime.budget import (
@@ -191,3 +192,54 @@ def test_the_engine_reports_every_step_to_the_speed_estimate(monkeypatch):
     out = engine.generate([5, 6, 7], 6)
     assert len(seen) == out.n_forwards
     assert all(n >= 1 and tok >= 0 and sec > 0 and planned == CHEAP.seconds(n) for n, tok, sec, planned in seen)
+
+
+def test_one_token_steps_keep_the_root_tie_rate_learning():
+    """A root near-tie is the target's, not the tree's: one-token steps measure it too (engine -> record_root_tie),
+    so a rate raised by one early tie comes back down while the policy verifies no trees."""
+    stats = AcceptanceStats()
+    stats.record_step(build_tree(9, [[7]], 1), [], Accepted(path=(0,), accepted_tokens=(), bonus=None))
+    assert stats.root_tie_rate() == pytest.approx(1.5 / 11)
+    for _ in range(89):
+        stats.record_root_tie(False)
+    assert stats.root_tie_rate() == pytest.approx(1.5 / 100)
+
+
+def _tiny_llama():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1,
+                                        attn_implementation="sdpa")).eval()
+
+
+def test_the_engine_reports_root_margins_and_leaves_root_tie_stops_out_of_the_speed_estimate(monkeypatch):
+    from tests.runtime.test_engine_exact import FnDrafter
+
+    torch.manual_seed(0)
+    model = _tiny_llama()
+    greedy = SpecEngine(model).generate([5, 6, 7], 6).tokens
+    stats = AcceptanceStats()
+    speed, ties = [], []
+    monkeypatch.setattr(stats, "record_speed", lambda *a: speed.append(a))
+    real_tie = stats.record_root_tie
+    monkeypatch.setattr(stats, "record_root_tie", lambda tied: (ties.append(tied), real_tie(tied)))
+    # every margin is a "near-tie": each tree stops at its root and the next step is a one-token forward
+    engine = SpecEngine(model, [FnDrafter("d", lambda ctx: [[1, 2, 3]])], cost=CHEAP, acceptance=stats,
+                        tie_margin=1e9)
+    out = engine.generate([5, 6, 7], 6)
+    assert out.tokens == greedy                                         # speed only, never the text
+    trees = [s for s in out.steps if s.tree_size > 1]
+    roots = [s for s in out.steps if s.tree_size == 1]
+    assert trees and roots and all(s.new_tokens == 0 for s in trees)    # every tree stopped at its root
+    assert len(speed) == len(roots) and all(n == 1 for n, *_ in speed)  # tree steps left out of the efficiency
+    assert ties == [True] * len(out.steps)                              # trees and one-token steps alike
+
+
+def test_a_declared_prior_gets_a_reliable_drafter_tried_where_trees_are_dear():
+    steep = ForwardCost.linear(0.7)                                     # T(n)/T(1) = 1 + 0.7 (n - 1)
+    proposals = [Proposal("hints/long", 0, tuple(range(1, 13)))]
+    full = candidate_tree(0, proposals, 16)
+    plain = AcceptanceStats()
+    assert plan_tree(full, proposals, plain, steep, 16, 16).num_nodes == 1     # 0.5 prior: nothing pays
+    primed = AcceptanceStats()
+    primed.set_prior("hints/long", 0.85)
+    assert plan_tree(full, proposals, primed, steep, 16, 16).num_nodes > 1

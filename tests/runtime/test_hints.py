@@ -13,7 +13,14 @@ import pytest
 from ooospec.runtime import hints
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.formats import hermes, llama3_json, plain_json
-from ooospec.runtime.hints import HintBank, HintDrafter, render_views, tokenize_views
+from ooospec.runtime.hints import (
+    LONG_MATCH_PRIOR,
+    HintBank,
+    HintDrafter,
+    dumps_inline_lists,
+    render_views,
+    tokenize_views,
+)
 from ooospec.runtime.methods import METHODS, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from tests.pipelines.sidecar_tiny import byte_tokenizer
@@ -37,6 +44,40 @@ def test_views_render_the_call_in_every_style():
         {"name": "get_weather", "parameters": CALL["arguments"]})
     assert render_views({"name": "f", "arguments": {"q": "café"}}, plain_json)["compact"] == \
         '{"name":"f","arguments":{"q":"café"}}'
+
+
+def test_views_as_code_models_print_them():
+    call = {"name": "f", "arguments": {"x": [3, 2, -4], "t": [[10, 20], [30, 40]], "d": {}, "s": "é"}}
+    v = render_views(call, hermes)
+    # BFCL (Qwen2.5-Coder): pretty JSON with lists of scalars on one line
+    assert v["pretty_inline"] == ('```json\n{\n  "name": "f",\n  "arguments": {\n    "x": [3, 2, -4],\n'
+                                  '    "t": [\n      [10, 20],\n      [30, 40]\n    ],\n'
+                                  '    "d": {},\n    "s": "é"\n  }\n}\n```')
+    # API-Bank: the header on one line, the arguments indented
+    assert v["mixed"] == ('{"name": "f", "arguments": {\n  "x": [3, 2, -4],\n'
+                          '  "t": [\n    [10, 20],\n    [30, 40]\n  ],\n  "d": {},\n  "s": "é"\n}}')
+    for text in (v["pretty_inline"].strip("`json\n"), v["mixed"]):
+        assert json.loads(text) == call                    # equivalent texts of the same call
+    assert dumps_inline_lists([]) == "[]" and dumps_inline_lists({}) == "{}" and dumps_inline_lists(1.5) == "1.5"
+
+
+def test_hint_proposals_are_labelled_by_match_length_with_a_prior_for_long_ones():
+    from ooospec.runtime.budget import AcceptanceStats
+    from ooospec.runtime.drafting import DraftContext
+
+    drafter = HintDrafter(HintBank({"v": [1, 2, 3, 4, 5, 6, 7, 8]}))
+    assert drafter.propose(DraftContext((9, 1, 2, 3, 4), 1, 0)) == [[5, 6, 7, 8]]
+    assert drafter.proposal_kind == "long"                   # 4 tokens matched
+    assert drafter.propose(DraftContext((9, 4), 1, 1)) == [[5, 6, 7, 8]]
+    assert drafter.proposal_kind == "short"
+    stats = AcceptanceStats()
+    for label, p in drafter.priors.items():
+        stats.set_prior(label, p)
+    assert stats.probability("hints/long", 0, 1) == pytest.approx(LONG_MATCH_PRIOR)
+    assert stats.probability("hints/short", 0, 1) == pytest.approx(0.5)
+    assert stats.probability("hints/long", 1, 1) == pytest.approx(0.5)       # the prior is for the best guess
+    with pytest.raises(ValueError, match="prior"):
+        stats.set_prior("x", 1.0)
 
 
 def test_views_are_tokenized_by_the_target_and_deduplicated():
