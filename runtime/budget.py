@@ -27,7 +27,8 @@ llama.cpp's CPU kernels a 16-node forward costs 6-9 one-token steps, so a plan a
 Acceptance model. A proposal of drafter ``d`` at rank ``r`` (0 = its best guess) has its ``j``-th token accepted,
 given its first ``j - 1`` were, with probability ``q[d][rank bucket of r][depth bucket of j]``; a node's
 probability is the largest prefix product ``q(1) * .. * q(j)`` over the proposals passing through it.
-:class:`AcceptanceStats` keeps counts per drafter *name* (so a new drafter plugs in by its ``name``) at two levels:
+:class:`AcceptanceStats` keeps counts per drafter *name* (so a new drafter plugs in by its ``name``; a drafter that
+classes its proposals, ``proposal_kind``, is counted per ``name/kind``, e.g. ``hints/long``) at two levels:
 across requests (a Beta prior worth two trials, centred on the drafter's first-token prior for the first token
 (0.5 unless the drafter declares one, :meth:`AcceptanceStats.set_prior`) and on the estimate of the depth bucket
 above for deeper ones: a drafter right about its first tokens is presumed right further on until shown otherwise),
