@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ooospec.eval.reporting import md_table
 from ooospec.runtime.hints import HintBank, render_views, tokenize_views
 
 logger = logging.getLogger(__name__)
@@ -170,18 +171,18 @@ def replay_report(path: Path, tokenizer, fmt, view_sets: Mapping[str, Sequence[s
 
 def to_markdown(results: Mapping[str, Mapping[str, Mapping[str, dict]]], command: str) -> str:
     """One table: per benchmark and view set, each source's accepted hint tokens per request and tokens per step."""
-    header = ("| benchmark | views | source | requests (with a call) | hint tokens per request | tokens per step | "
-              "first-token rate by suffix length 1 / 2-3 / 4-7 |")
-    lines = [f"Hint replay (no timing; every proposal verified in full). Regenerate: `{command}`", "", header,
-             "|---|---|---|---:|---:|---:|---|"]
+    rows = []
     for bench, per_views in results.items():
         for vs, per_source in per_views.items():
             for source, row in per_source.items():
                 rates = " / ".join("-" if c["first_token_rate"] is None else f"{c['first_token_rate']:.2f}"
                                    for c in row["by_match"].values())
-                lines.append(f"| `{bench}` | {vs} | {source} | {row['requests']} ({row['with_call']}) | "
-                             f"{row['accepted_per_request']:.1f} | {row['tokens_per_step']:.2f} | {rates} |")
-    return "\n".join(lines) + "\n"
+                rows.append([f"`{bench}`", vs, source, f"{row['requests']} ({row['with_call']})",
+                             f"{row['accepted_per_request']:.1f}", f"{row['tokens_per_step']:.2f}", rates])
+    table = md_table(["benchmark", "views", "source", "requests (with a call)", "hint tokens per request",
+                      "tokens per step", "first-token rate by suffix length 1 / 2-3 / 4-7"], rows,
+                     align="lllrrrl")
+    return f"Hint replay (no timing; every proposal verified in full). Regenerate: `{command}`\n\n{table}\n"
 
 
 BASE_VIEWS = ("format", "compact", "spaced", "pretty", "arguments")     # the views before pretty_inline and mixed

@@ -249,7 +249,10 @@ def test_chat_turn_carries_the_decision():
             turn = chat.complete(USER, CHAT_TOOLS, max_new_tokens=48)
             assert turn.text == ar.text and turn.calls == ar.calls
             assert turn.hints["wave"]["decision"] == decision
-            assert [len(q) for q in server.queries] == n_queries
+            assert [turn.hints["wave"]["num_queries"]] == (n_queries or [0])
+            # a turn can end (and cancel its request) before the client's thread has posted the wave: what the
+            # server got, if anything, is exactly the decided wave
+            assert [len(q) for q in server.queries] in ([], n_queries)
 
 
 def test_bench_method_reports_the_decision(target):
