@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ooospec.eval.reporting import md_table
-from ooospec.runtime.hints import HintBank, render_views, tokenize_views
+from ooospec.runtime.hints import HintBank, common_prefix, render_views, tokenize_views
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +54,6 @@ class Replay:
     @property
     def accepted(self) -> int:
         return sum(a for _, a in self.proposals)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def replay(output: Sequence[int], bank: HintBank | None, max_len: int = 16, max_candidates: int = 3) -> Replay:

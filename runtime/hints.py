@@ -273,7 +273,7 @@ class HintDrafter:
             for step, n_done, cands in self._log:
                 st = result.steps[step]
                 drafts = result.tokens[n_done:n_done + min(st.accepted, st.new_tokens)]
-                accepted += max(_common_prefix(c, drafts) for c in cands)
+                accepted += max(common_prefix(c, drafts) for c in cands)
         return HintStats(
             ready_step=self.ready_step, num_polls=self.num_polls, num_proposed_steps=len(self._log),
             num_proposed_tokens=sum(len(c) for _, _, cands in self._log for c in cands),
@@ -282,7 +282,8 @@ class HintDrafter:
             bank_tokens=self.bank.num_tokens if self.bank is not None else 0)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
