@@ -231,7 +231,7 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
     turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,
               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "origin": s.origin,
               "prefilled_tokens": s.prompt_tokens - 1 - s.cached_tokens, "gen_s": s.gen_s,
-              "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason} for s in run.steps]
+              "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason, "wave": s.wave} for s in run.steps]
     return {"id": dialogue.id, "variant": variant, "latency_s": latency_s, "wall_s": run.wall_s,
             "steps": dialogue.steps, "turns": turns, "texts": [s.text for s in run.steps],
             "calls": sum(s.call is not None for s in run.steps), "hits": sum(bool(s.hit) for s in run.steps),
@@ -258,6 +258,8 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
     rows: list[dict] = []
     for latency in latencies:
         chats = {v: new_chat(v) for v in variants}
+        if client is not None and client.gate is not None:
+            client.gate = client.gate.fresh()     # each latency learns on its own (the tool time differs)
         for dialogue in tqdm(dialogues, desc=f"agent-bench latency {latency:g}s", disable=not progress):
             for variant in variants:
                 row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
@@ -299,6 +301,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
         base_prefilled = sum(t["prefilled_tokens"] for r in rs if r["id"] in base for t in base[r["id"]]["turns"])
         calls = sum(r["calls"] for r in rs)
         exact = [r["exact"] for r in rs if r.get("exact") is not None]
+        decided = [t["wave"]["decision"] for r in rs for t in r["turns"] if t.get("wave")]
         out.append({
             "latency_s": latency, "variant": variant, "dialogues": len(rs),
             "turns": sum(len(r["turns"]) for r in rs), "calls": calls,
@@ -310,6 +313,8 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
             "hit_rate": sum(r["hits"] for r in rs) / calls if calls else None,
             "tool_wait_s": sum(t["tool_wait_s"] for r in rs for t in r["turns"]),
             "exact_rate": sum(exact) / len(exact) if exact else None,
+            # the wave gate's decisions over the turns it decided ({} without a gate)
+            "waves": {k: decided.count(k) for k in ("skip", "index", "slots") if k in decided},
         })
     return out
 
@@ -317,11 +322,15 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
 def markdown_table(summary: Sequence[dict]) -> str:
     head = ["tool latency", "variant", "dialogues", "calls", "mean wall s", "time saved", "prefill tokens",
             "prefill saved", "hit rate", "tool wait s", "exact"]
+    gated = any(s.get("waves") for s in summary)
     rows = [[f"{s['latency_s']:g} s", s["variant"], s["dialogues"], s["calls"], f"{s['mean_wall_s']:.2f}",
              pct(s["saved_frac"]), s["prefilled_tokens"], pct(s["prefill_saved_frac"]),
              pct(s["hit_rate"]) if s["variant"] == "speculative" else "", f"{s['tool_wait_s']:.1f}",
-             pct(s["exact_rate"])] for s in summary]
-    return md_table(head, rows, align="rl" + "r" * 9)
+             pct(s["exact_rate"])] + ([", ".join(f"{k} {n}" for k, n in s.get("waves", {}).items())] if gated else [])
+            for s in summary]
+    if gated:
+        head.append("waves (gate)")
+    return md_table(head, rows, align="rl" + "r" * (len(head) - 2))
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -344,6 +353,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the early guess of each call: the recorded call at arrival (ceiling) or the sidecar's")
     p.add_argument("--sidecar-url", default=None, help="a running sidecar server; default: start the shipped adapter")
     p.add_argument("--sidecar-adapter", default=None, help="adapter to start when no --sidecar-url is given")
+    p.add_argument("--sidecar-gate", choices=("on", "off"), default="off",
+                   help="on: each turn's wave only when its hints and the tool latency it hides pay for it "
+                        "(runtime/wave_gate.py, the shared deployment's prior, learnt online); off: every wave")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", default="auto", help="torch threads: 'auto' or a number")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -395,15 +407,28 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.sidecar_url is None:
             sidecar = launch_sidecar(args.sidecar_adapter, threads=1)
         client = SidecarClient(args.sidecar_url or sidecar.url)
+        if args.sidecar_gate == "on":
+            from ooospec.eval.ooospec_method import DEPLOYMENTS, wave_gate_for
+
+            client.gate = wave_gate_for(DEPLOYMENTS["shared"])   # the server shares the target's cores
     config = {"target": args.target, "datasets": args.datasets, "limit": args.limit, "min_steps": args.min_steps,
               "latencies": latencies, "method": args.method, "speculator": args.speculator,
-              "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues]}
+              "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues],
+              "sidecar_gate": args.sidecar_gate if args.speculator == "sidecar" else None}
     env = environment(threads, dtype, args.dtype, model, None)
+    if args.speculator == "sidecar":     # which adapter guessed the calls: path, sha256 of its weights, layout
+        from ooospec.eval.harness import HintOptions, sidecar_adapter_record
+
+        env["sidecar_adapter"] = sidecar_adapter_record(HintOptions(sidecar_url=args.sidecar_url,
+                                                                    sidecar_adapter=args.sidecar_adapter))
     t0 = time.perf_counter()
 
     def save(rows: list[dict], partial: bool) -> dict:
         results = {"config": config, "env": {**env, "wall_s": time.perf_counter() - t0}, "partial": partial,
-                   "summary": summarize(rows), "dialogues": rows}
+                   "summary": summarize(rows), "dialogues": rows,
+                   # the wave gate's decisions (the last 256, with their estimates) and its final estimates
+                   "gate": None if client is None or client.gate is None else
+                   {**client.gate.summary(), "log": list(client.gate.log)}}
         write_json(out, results)
         return results
 

@@ -12,7 +12,11 @@ folders so that the small default of ``dvc repro`` never overwrites it::
     nohup python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full metrics/transfer-full.json \
         --params eval/transfer_full.yaml > transfer_full.log 2>&1 &
 
-(:func:`full_command` returns exactly this; every report prints the command that made it). Each cell (a target on a
+(:func:`full_command` returns exactly this; every report prints the command that made it). The same matrix with a
+warm toolbox (every method's system + tools block cached before the clock starts, the agent case) is the named set
+``eval/transfer_warm.yaml`` (:func:`named_command`), written to ``data/transfer-warm`` and
+``eval/reports/transfer-warm``. The wave gate (``transfer.sidecar_gate``, on by default) sends each request's sidecar
+wave only as far as it pays. Each cell (a target on a
 benchmark, every method interleaved per example as ``ooospec bench`` does) is its own JSON file under
 ``data/transfer/cells/``, rewritten after every example; a stopped or crashed run resumes where it stopped when the
 same command is run again (the cell files survive ``dvc repro``: the output is ``persist``), losing at most the
@@ -90,6 +94,8 @@ class TransferParams:
     pld_tokens: int = 10
     sidecar_adapter: str = "adapters/sidecar"
     sidecar_deploy: Literal["split", "shared", "wave-first"] = "shared"
+    sidecar_gate: bool = True            # each wave only as far as it pays (runtime/wave_gate.py); False: in full
+    warm_tools: bool = False             # True: every method's system + tools block cached before the clock starts
     roofline: bool = True
     seed: int = 0                        # of the bootstrap intervals
     bootstrap_resamples: int = 2000
@@ -145,12 +151,25 @@ def exp_command(overrides: Mapping) -> str:
 
 
 FULL_PARAMS = "eval/transfer_full.yaml"
+WARM_PARAMS = "eval/transfer_warm.yaml"     # the full matrix with a warm toolbox (warm_tools: true)
+NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm"}
+
+
+def named_command(params_file: str) -> str:
+    """The command that runs the named params set ``params_file`` (a key of :data:`NAMED_SETS`) into its folders.
+
+    >>> named_command(WARM_PARAMS).split()[3:]
+    ['data/transfer-warm', 'eval/reports/transfer-warm', 'metrics/transfer-warm.json', '--params', \
+'eval/transfer_warm.yaml']
+    """
+    name = NAMED_SETS[params_file]
+    return (f"python -m ooospec.eval.transfer data/transfer-{name} eval/reports/transfer-{name} "
+            f"metrics/transfer-{name}.json --params {params_file}")
 
 
 def full_command() -> str:
     """The command that runs the ``full`` matrix (the named params set :data:`FULL_PARAMS`)."""
-    return (f"python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full "
-            f"metrics/transfer-full.json --params {FULL_PARAMS}")
+    return named_command(FULL_PARAMS)
 
 
 def regenerate_command(params: TransferParams) -> str:
@@ -231,8 +250,10 @@ def cell_key(params: TransferParams, target: str, benchmark: str, methods: Seque
     return {"target": target, "benchmark": benchmark, "methods": list(methods),
             "max_new_tokens": params.max_new_tokens, "warmup": params.warmup, "pld_tokens": params.pld_tokens,
             "assistant": params.assistants.get(target) if "hf-assisted" in methods else None,
-            "sidecar": ({"weights": sidecar["weights"], "deployment": params.sidecar_deploy}
+            "sidecar": ({"weights": sidecar["weights"], "deployment": params.sidecar_deploy,
+                         "gate": params.sidecar_gate}
                         if sidecar is not None and "ooospec" in methods else None),
+            "warm_tools": params.warm_tools,
             "dtype": machine["dtype"], "threads": machine["threads"], "cpu": machine["cpu"], "code": code}
 
 
@@ -338,7 +359,8 @@ class SidecarServer:
         """The hint source for ``build_methods`` (starts the server on first use)."""
         if self._hints is None:
             options = harness.HintOptions(source="sidecar", sidecar_adapter=self.params.sidecar_adapter,
-                                          sidecar_deploy=self.params.sidecar_deploy, dtype=self.params.dtype)
+                                          sidecar_deploy=self.params.sidecar_deploy, dtype=self.params.dtype,
+                                          sidecar_gate=self.params.sidecar_gate, warm_tools=self.params.warm_tools)
             self.process, self._hints = harness.start_hints(options, self.bench_threads)
         return self._hints
 
@@ -368,7 +390,7 @@ class LoadedTarget:
     def measure(self, params: TransferParams, records: Sequence[dict], on_example, settle) -> dict:
         return harness.run_bench(self.model, self.tokenizer, records, self.factories, fmt=self.fmt,
                                max_new_tokens=params.max_new_tokens, warmup=params.warmup, on_example=on_example,
-                               roofline=self.env["roofline"], settle=settle)
+                               roofline=self.env["roofline"], settle=settle, warm_tools=params.warm_tools)
 
 
 def load(params: TransferParams, target: str, methods: Sequence[str], machine: dict, sidecar: dict | None,
@@ -394,7 +416,8 @@ def load(params: TransferParams, target: str, methods: Sequence[str], machine: d
     assert list(factories) == list(methods), (list(factories), methods)
     threads = (machine["threads"], machine["threads_reason"])
     env = {**harness.environment(threads, (machine["dtype"], machine["dtype_reason"]), params.dtype, model, roofline),
-           "deployment": params.sidecar_deploy if "ooospec" in methods else None}
+           "deployment": params.sidecar_deploy if "ooospec" in methods else None,
+           "sidecar_gate": params.sidecar_gate if "ooospec" in methods else None, "warm_tools": params.warm_tools}
     return LoadedTarget(model, tokenizer, fmt, factories, env, target_info(model, tokenizer, fmt, sidecar))
 
 
@@ -486,7 +509,7 @@ def stage_results(params: TransferParams, cells: Sequence[dict], *, machine: dic
     and per target its facts (:func:`target_info`) and pooled figures (:func:`target_summary`)."""
     return harness.json_safe({
         "params": as_dict(params), "params_file": str(params_path) if params_path else None,
-        "command": (full_command() if params_path is not None and str(params_path) == FULL_PARAMS
+        "command": (named_command(str(params_path)) if params_path is not None and str(params_path) in NAMED_SETS
                     else regenerate_command(params)),
         "full_command": full_command(), "started": started,
         "wall_s": wall_s, "machine": machine, "code": code, "sidecar": sidecar, "cells": list(cells),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,19 @@ def cell_table(cell: dict) -> Table:
                  rows, labels=1, notes=mismatches)
 
 
+def deployment_label(env: Mapping) -> str:
+    """The setup table's sidecar cell: the deployment, ``+ gate`` when the wave gate was on, ``-`` without a sidecar.
+
+    >>> deployment_label({"deployment": "shared", "sidecar_gate": True})
+    'shared + gate'
+    >>> deployment_label({"deployment": None})
+    '-'
+    """
+    if not env.get("deployment"):
+        return "-"
+    return env["deployment"] + (" + gate" if env.get("sidecar_gate") else "")
+
+
 def setup_table(results: dict) -> Table:
     rows, reasons = [], []
     for t in targets_of(results):
@@ -206,7 +220,7 @@ def setup_table(results: dict) -> Table:
         env = cells[0]["env"]
         sessions = [s for c in cells for s in c["sessions"]]
         measured = sum(s.get("wall_s") or 0.0 for s in sessions)
-        rows.append([Cell(t), Cell(env["dtype"]), Cell(str(env["threads"])), Cell(env.get("deployment") or "-"),
+        rows.append([Cell(t), Cell(env["dtype"]), Cell(str(env["threads"])), Cell(deployment_label(env)),
                      Cell(f"torch {env.get('torch')}, transformers {env.get('transformers')}"),
                      Cell(f"{str(env.get('commit'))[:10]}{'+dirty' if env.get('commit_dirty') else ''}"),
                      Cell(fmt_cell(len(sessions), "{:d}")), Cell(fmt_cell(measured / 60, "{:.1f}"))])
@@ -338,8 +352,10 @@ def headline(results: dict) -> str:
     n_benches = len({bench_name(c) for c in results["cells"]})
     return (f"{plural(len(results['targets']), 'target')} x {plural(n_benches, 'benchmark')} "
             f"({plural(n_cells, 'cell')}), the first {plural(p['limit'], 'example')} of each, up to "
-            f"{p['max_new_tokens']} new tokens; "
-            f"one frozen sidecar: {sidecar_line(results)}. Measured on {results['machine']['cpu']}, "
+            f"{p['max_new_tokens']} new tokens, "
+            + ("warm toolbox (every method's system + tools block cached before the clock starts); "
+               if p.get("warm_tools") else "cold (every prompt prefilled in full); ")
+            + f"one frozen sidecar: {sidecar_line(results)}. Measured on {results['machine']['cpu']}, "
             f"{plural(results['machine']['threads'], 'thread')}, {results['machine']['dtype']}. Measuring took "
             f"{results['measured_s'] / 60:.1f} min"
             + (f" ({plural(results['resumed_cells'], 'cell')} resumed after a stop)"

@@ -15,7 +15,9 @@ One turn (seed paper 003's engine-side loop, in process):
 2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
    same guess drafts tokens too (O2, :class:`~ooospec.runtime.hints.HintDrafter`).
 3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
-   returns the speculative result when the canonical keys match, and runs the real call otherwise.
+   returns the speculative result when the canonical keys match, and runs the real call otherwise. A guess with
+   ``turn_done(turn)`` / ``tool_done(tool_s, hit)`` hooks (:class:`SidecarGuess`) hears how the turn and its tool
+   went: the sidecar's wave gate learns from them what a wave is worth in tool latency hidden.
 4. The call and its result join the conversation and the next turn continues the same session: only the new
    tokens (the call's end, the tool message, the generation prompt) are prefilled -- the tool result goes into
    the resident KV and decoding goes on (O3), with nothing to evict, re-admit or re-prefill. Without sessions
@@ -72,6 +74,22 @@ class SidecarGuess:
     def cancel(self) -> None:
         self.request.cancel()
 
+    @property
+    def decision(self) -> dict | None:
+        """The wave gate's record for this request (None without a gate)."""
+        return self.request.stats().decision
+
+    def turn_done(self, turn) -> None:
+        """The turn (a :class:`~ooospec.runtime.chat.ChatTurn`) is over: teach the wave gate (if any) what the
+        wave cost and saved, unless the chat already did (method ooospec reports the request it drafted from)."""
+        if not (turn.hints or {}).get("wave"):
+            self.request.report(turn.result, None, turn.calls)
+
+    def tool_done(self, tool_s: float, hit: bool | None) -> None:
+        """The turn's tool ran for ``tool_s`` s; ``hit``: served from the joined call's speculative run (None: no
+        joined call was ready when the turn ended)."""
+        self.request.observe_tool(tool_s, hit)
+
 
 class ReadyGuess:
     """A call known at arrival (e.g. the dataset's gold call: the ceiling of what a sidecar can give)."""
@@ -109,6 +127,7 @@ class AgentStep:
     gen_s: float                    # the target's turn (render + decode)
     tool_wait_s: float              # waiting for the tool after the call was complete
     finish_reason: str
+    wave: dict | None = None        # the sidecar wave gate's decision for the turn (None: no gate decided)
 
 
 @dataclass
@@ -196,9 +215,11 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             if g is not None:
                 g.cancel()
         t1 = time.perf_counter()
+        if g is not None and hasattr(g, "turn_done"):
+            g.turn_done(ct)
         call = ct.calls[0] if ct.calls else None
         step = AgentStep(turn, ct.text, call, None, None, None, guessed, ct.prompt_tokens, ct.cached_tokens,
-                         ct.origin, t1 - t0, 0.0, ct.finish_reason)
+                         ct.origin, t1 - t0, 0.0, ct.finish_reason, getattr(g, "decision", None))
         run.steps.append(step)
         if call is None:
             break
@@ -208,6 +229,8 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             on_tool_start(list(run.messages), turn_tools)
         res = executor.resolve(call)
         step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
+        if g is not None and hasattr(g, "tool_done"):
+            g.tool_done(res.result.elapsed_s, res.hit if guessed is not None else None)
         run.messages.append({"role": "tool", "content": res.result.content})
     run.wall_s = time.perf_counter() - t_start
     return run

@@ -151,6 +151,14 @@ class HintRequest:
             self.gate.observe(outcome_of(self.decision, result, hint_stats, self._stats, calls, self.messages))
         return self._stats.decision
 
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        """An agent loop ran the tool of this request's call for ``tool_s`` s; ``hit``: the joined call was that
+        call (None: no joined call was ready). Teaches the gate (if any) what a wave is worth in tool latency
+        hidden; only a ``slots`` wave joins a call, so only those count toward the hit rate."""
+        if self.gate is None or self.decision is None:
+            return
+        self.gate.observe_tool(self.decision.key, tool_s, hit if self.decision.kind == "slots" else None)
+
     def _interrupt(self, kind: ErrorKind) -> None:
         with self._lock:
             if self._done.is_set() or self._abort is not None:

@@ -12,6 +12,8 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
                 + forwards(o) * (decode_forward + decode_per_query * num_queries)
     before(o)   = max(0, latency(o) - target_prefill) / target_token_s      call tokens committed before ready
     saving(o)   = accept_rate(o) * max(0, call_tokens - before(o)) * marginal * step_s
+                + [o = slots] hit_rate * min(tool_s, max(0, call_end - latency(o)))        speculative tools
+    call_end    = target_prefill + call_tokens * target_token_s
     cost(o)     = interference * compute(o) + client_s
     choose argmax over o of saving(o) - cost(o), with skip = 0
 
@@ -21,7 +23,11 @@ length for this tool set; ``step_s``: the target's seconds per decode step on th
 :class:`~ooospec.runtime.cost_model.ForwardCost` when given, else measured steps); ``marginal``: target forwards a
 hint-accepted token saves (most tokens a hint proposes, the schema FSM and prompt lookup propose as well);
 ``interference``: target seconds lost per second of sidecar compute (0 when the sidecar has its own cores or
-accelerator, ~1 when it shares them). Every quantity but ``marginal`` is learnt online (:meth:`WaveGate.observe`)
+accelerator, ~1 when it shares them). In an agent loop the joined call of a ``slots`` wave also starts a
+side-effect-free tool early (:class:`~ooospec.runtime.tools.SpeculativeTools`): on a hit the tool runs while the
+target still decodes, so the wave saves up to the tool's latency ``tool_s`` (learnt per tool set from the tools the
+loop ran, :meth:`WaveGate.observe_tool`; 0 outside an agent loop) with probability ``hit_rate`` (learnt from the
+turns a joined call was ready for). Every quantity but ``marginal`` is learnt online (:meth:`WaveGate.observe`)
 from each finished request -- the target's timings, the HintDrafter stats, the server's wave timings (``prefill_s``,
 ``decode_s``, ``n_forwards``, ``block_tokens``) and the target's slowdown while the wave ran
 (:func:`interference_sample`) -- as running sums started from a calibrated prior (:data:`PRIORS`, worth
@@ -78,6 +84,8 @@ class Estimates:
     target_token_s: float        # target decode seconds per committed token
     client_s: float              # the target process's own sidecar work (wave texts, join, views, tokenize)
     chars_per_token: float       # sidecar tokens of the block = chars / this
+    tool_s: float = 0.0          # latency of the tool a call runs (agent loops; 0: no tool runs on a guess)
+    hit_rate: float = 0.5        # P(a slots wave's joined call is the call the target commits)
 
 
 # Calibrated on data/transfer-full/cells/qwen2.5-coder-{0.5b,1.5b}/apibank-l1.json (2 shared Xeon cores, bf16,
@@ -128,7 +136,25 @@ def expected_saving_s(option: Option, est: Estimates) -> float:
     latency = est.latency_factor * wave_compute_s(option, est)
     before = max(0.0, latency - est.target_prefill) / max(est.target_token_s, 1e-6)
     accepted = est.accept_rate[option.kind] * max(0.0, est.call_tokens - before)
-    return accepted * est.marginal * est.step_s
+    return accepted * est.marginal * est.step_s + expected_tool_saving_s(option, est, latency)
+
+
+def expected_tool_saving_s(option: Option, est: Estimates, latency: float) -> float:
+    """Seconds of tool latency a ``slots`` wave is expected to hide in an agent loop: its joined call starts the
+    tool when the wave is ready (``latency`` s after arrival); on a hit the tool ran beside the rest of the call.
+
+    >>> est = replace(PRIORS["shared"], tool_s=2.0, hit_rate=0.6)    # call ends at 1.0 + 55 * 0.1 = 6.5 s
+    >>> round(expected_tool_saving_s(Option("slots", (), 0), est, latency=1.0), 3)
+    1.2
+    >>> round(expected_tool_saving_s(Option("slots", (), 0), est, latency=6.0), 3)   # ready 0.5 s before the end
+    0.3
+    >>> expected_tool_saving_s(Option("index", (), 0), est, latency=1.0)             # no call, no tool run
+    0.0
+    """
+    if option.kind != "slots" or est.tool_s <= 0:
+        return 0.0
+    call_end = est.target_prefill + est.call_tokens * est.target_token_s
+    return est.hit_rate * min(est.tool_s, max(0.0, call_end - latency))
 
 
 def expected_cost_s(option: Option, est: Estimates) -> float:
@@ -346,6 +372,13 @@ class WaveGate:
         self.server_prefix_cache = False
         self._blocks: OrderedDict[str, None] = OrderedDict()
 
+    def fresh(self) -> WaveGate:
+        """A gate with this one's prior and settings and none of its evidence (what it knows of the server kept)."""
+        gate = WaveGate(self.prior, prior_weight=self.prior_weight, probe_every=self.probe_every,
+                        max_requests=self.max_requests)
+        gate.server_prefix_cache = self.server_prefix_cache
+        return gate
+
     def _mean(self, name: str) -> _Mean:
         return self._m.setdefault(name, _Mean())
 
@@ -378,7 +411,8 @@ class WaveGate:
             call_tokens=per_key("call_tokens", g("call_tokens", p.call_tokens), w),
             target_prefill=per_key("target_prefill", g("target_prefill", p.target_prefill), w),
             target_token_s=g("target_token_s", p.target_token_s, w * p.call_tokens),
-            client_s=g("client_s", p.client_s), chars_per_token=g("chars_per_token", p.chars_per_token, w * 300))
+            client_s=g("client_s", p.client_s), chars_per_token=g("chars_per_token", p.chars_per_token, w * 300),
+            tool_s=per_key("tool_s", g("tool_s", p.tool_s, 1.0), 1.0), hit_rate=g("hit_rate", p.hit_rate))
 
     def remember(self, block: str) -> None:
         """Note that the server has prefilled ``block`` (a wave or a prefill request was sent with it)."""
@@ -463,6 +497,16 @@ class WaveGate:
             if o.interference is not None:
                 lost, overlapped = o.interference
                 add("interference", max(0.0, lost), overlapped, 0.5)
+
+    def observe_tool(self, key: str, tool_s: float, hit: bool | None) -> None:
+        """Learn from a tool an agent loop ran for a call of tool set ``key``: its latency ``tool_s`` (how long
+        the tool itself ran), and whether the turn's joined call was that call (``hit``; None when no joined call
+        was ready, e.g. the wave was skipped: the hit rate learns only from sent waves)."""
+        with self._lock:
+            self._mean("tool_s").add(tool_s, 1.0, self.max_requests)
+            self._key.setdefault((key, "tool_s"), _Mean()).add(tool_s, 1.0, self.max_requests)
+            if hit is not None:
+                self._mean("hit_rate").add(float(hit), 1.0, self.max_requests)
 
     def summary(self) -> dict:
         """The current global estimates and decision counts (for reports)."""

@@ -90,3 +90,16 @@ def test_summary_worked_example():
     s = {x["variant"]: x for x in AB.summarize(rows)}
     assert s["sessions"]["saved_frac"] == pytest.approx(1 - 26 / 30)
     assert s["sessions"]["prefill_saved_frac"] == pytest.approx(0.25) and s["stateless"]["saved_frac"] == 0
+
+
+def test_gate_decisions_are_counted_per_latency_and_variant():
+    def row(variant, decisions):
+        return {"id": "a", "variant": variant, "latency_s": 2.0, "wall_s": 5.0, "calls": 1, "hits": 1,
+                "exact": True, "turns": [{"prefilled_tokens": 10, "tool_wait_s": 0.0,
+                                          "wave": None if d is None else {"decision": d}} for d in decisions]}
+    rows = [row("stateless", [None, None]), row("speculative", ["slots", "skip"])]
+    s = {x["variant"]: x for x in AB.summarize(rows)}
+    assert s["speculative"]["waves"] == {"skip": 1, "slots": 1} and s["stateless"]["waves"] == {}
+    table = AB.markdown_table(AB.summarize(rows))
+    assert table.splitlines()[0].endswith("| waves (gate) |") and "| skip 1, slots 1 |" in table
+    assert "waves (gate)" not in AB.markdown_table(AB.summarize(rows[:1]))     # no gate, no column

@@ -196,6 +196,30 @@ def test_committed_params_section_loads_and_full_set_applies():
     assert transfer.load_params(path.parent / transfer.FULL_PARAMS) == full
     doc = " ".join(transfer.__doc__.replace("\\\n", " ").split())
     assert transfer.full_command() in doc
+    # the warm set is the full set with the toolbox cached, nothing else changed
+    warm = transfer.load_params(path.parent / transfer.WARM_PARAMS)
+    assert warm == dataclasses.replace(full, warm_tools=True) and not full.warm_tools and full.sidecar_gate
+    header = " ".join((path.parent / transfer.WARM_PARAMS).read_text().replace("\\\n#", " ").split())
+    assert transfer.named_command(transfer.WARM_PARAMS) in header
+
+
+def test_gate_and_warm_toolbox_reach_the_harness(monkeypatch):
+    """``sidecar_gate`` and ``warm_tools`` go to the sidecar's hint options, every cell's measurement and the key."""
+    seen = {}
+    monkeypatch.setattr(harness, "start_hints", lambda options, threads: seen.setdefault("options", options)
+                        and (None, "hints"))
+    monkeypatch.setattr(harness, "run_bench", lambda *a, **kw: seen.setdefault("run_bench", kw))
+    params = transfer.TransferParams(sidecar_gate=True, warm_tools=True)
+    assert transfer.SidecarServer(params, bench_threads=2).hints == "hints"
+    assert seen["options"].sidecar_gate and seen["options"].warm_tools
+    loaded = transfer.LoadedTarget(None, None, None, {}, {"roofline": None}, {})
+    loaded.measure(params, [], on_example=None, settle=None)
+    assert seen["run_bench"]["warm_tools"] is True
+    machine = {"dtype": "fp32", "threads": 2, "cpu": "x"}
+    cold_key = transfer.cell_key(dataclasses.replace(params, warm_tools=False, sidecar_gate=False), "t", "b",
+                                 ["ar", "ooospec"], machine, {"weights": "w"}, "c")
+    warm_key = transfer.cell_key(params, "t", "b", ["ar", "ooospec"], machine, {"weights": "w"}, "c")
+    assert warm_key["warm_tools"] and warm_key["sidecar"]["gate"] and cold_key != warm_key
 
 
 def test_regenerate_command_names_only_what_differs():

@@ -109,6 +109,38 @@ def test_a_sidecar_guess_drafts_and_speculates():
     assert (executor.stats.started, executor.stats.hits, executor.stats.misses) == (2, 1, 0) and len(impl.calls) == 2
 
 
+def test_the_wave_gate_hears_each_turn_and_its_tool():
+    """With a gated client and method toolspec (the guess only runs tools), the loop still reports every turn to the
+    gate (``turn_done``) and tells it how the tool went (``tool_done``): latency and hit; each step keeps the
+    gate's decision. The output is the same as without the sidecar."""
+    from ooospec.runtime.agent import SidecarGuess
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.wave_gate import PRIORS, WaveGate, tools_key
+    from tests.runtime.sidecar_servers import StandIn
+
+    prior = PRIORS["split"]                                          # sends: the stand-in answers the wave
+    with StandIn("by_query") as sidecar:
+        gate = WaveGate(prior)
+        client = SidecarClient(sidecar.url, timeout=60, gate=gate)
+        chat = _chat(True)
+        executor, impl = _tools(side_effect_free=True)
+
+        def guess(messages, tools, turn):
+            req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer)
+            assert req.wait(60) is not None
+            return SidecarGuess(req)
+
+        run = run_agent(chat, USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess)
+    _join_tool_runs()
+    assert [s.text for s in run.steps] == [_chat(False).complete(USER, TOOLS, max_new_tokens=40).text, ANSWER]
+    # turn 2 asks the index alone: turn 1 showed the city verbatim in the request (prompt lookup copies it)
+    assert [s.wave["decision"] for s in run.steps] == ["slots", "index"] and run.steps[0].hit
+    est = gate.estimates(tools_key(TOOLS))
+    assert est.tool_s > 0.0 and est.hit_rate == pytest.approx((1 + 4 * prior.hit_rate) / 5)   # one tool, a hit
+    assert est.call_tokens != prior.call_tokens                      # turn_done reported both waves
+    assert gate.num_requests == 2 and len(impl.calls) == 1           # the hit served the one call
+
+
 def test_the_idle_window_hook_sees_the_call_before_its_tool_runs():
     """``on_tool_start`` gets the conversation ending in the call, once per call, before the tool runs; the
     turns are the same as without it."""

@@ -153,6 +153,30 @@ def test_evidence_moves_the_decision():
     assert gate.decide(WAVE, TOOLS).kind == "skip"
 
 
+def test_a_slow_tool_makes_the_slots_wave_pay_in_an_agent_loop():
+    # shared prior: no tool runs on a guess -> skip; the loop's tools take 3 s and the joined calls hit:
+    # a slots wave hides most of that latency and now pays (the index alone joins no call, so it cannot)
+    gate = WaveGate(SHARED)
+    key = tools_key(TOOLS)
+    assert gate.decide(WAVE, TOOLS).kind == "skip"
+    for _ in range(4):
+        gate.observe_tool(key, 3.0, True)
+    est = gate.estimates(key)
+    # global mean (12 + 1 * 0) / (4 + 1) = 2.4 s; the tool set's own, shrunk toward it: (12 + 1 * 2.4) / 5
+    assert est.tool_s == pytest.approx(14.4 / 5, rel=1e-6) and est.hit_rate > SHARED.hit_rate
+    d = gate.decide(WAVE, TOOLS)
+    assert d.kind == "slots" and d.options["index"][0] < d.options["slots"][0]
+    # a skipped turn (hit None) teaches the latency only; misses pull the hit rate down until the wave stops paying
+    gate.observe_tool(key, 3.0, None)
+    assert gate.estimates(key).hit_rate == est.hit_rate
+    for _ in range(40):
+        gate.observe_tool(key, 0.1, False)
+    assert gate.decide(WAVE, TOOLS).kind == "skip"
+    # fresh(): the prior and settings without the evidence
+    again = gate.fresh()
+    assert again.estimates(key) == WaveGate(SHARED).estimates(key) and again.prior == gate.prior
+
+
 def test_probe_sends_every_nth_skip():
     gate = WaveGate(SHARED, probe_every=3)
     kinds = [gate.decide(WAVE, TOOLS) for _ in range(6)]
