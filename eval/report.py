@@ -272,19 +272,48 @@ def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = ("ar", "tools
     return md_table(head, rows, align="l" * len(head)) + "\n"
 
 
+def gate_table(runs: list[dict]) -> str:
+    """One row per bench run with ``toolspec`` and ``ooospec``: the ratio of their mean times (> 1: the sidecar paid),
+    what the wave gate decided for the run's requests (``skip`` / ``index`` / ``slots``), the hint tokens accepted
+    per request and exactness (identical to ``ar``, near-ties, defects of ``ooospec``)."""
+    head = ["target", "benchmark", "toolbox", "n", "toolspec mean s", "ooospec mean s", "ooospec vs toolspec",
+            "waves: skip / index / slots", "hint tokens accepted", "identical to ar", "near-ties", "defects"]
+    rows = []
+    for res in runs:
+        cfg, summ = res.get("config", {}), res["methods"]
+        if "toolspec" not in summ or "ooospec" not in summ:
+            continue
+        ts, oo = summ["toolspec"], summ["ooospec"]
+        hints = [e.get("hints") or {} for e in res["examples"] if e["method"] == "ooospec"]
+        decided = [(h.get("wave") or {}).get("decision") for h in hints]
+        waves = " / ".join(str(decided.count(k)) for k in ("skip", "index", "slots")) if any(decided) else "no gate"
+        accepted = [h.get("num_accepted_tokens") or 0 for h in hints]
+        rows.append([cfg.get("target", "?"), cfg.get("dataset", "?"), "warm" if cfg.get("warm_tools") else "cold",
+                     str(oo["n"]), f"{ts['mean_s']:.2f}", f"{oo['mean_s']:.2f}",
+                     f"**{ts['mean_s'] / oo['mean_s']:.2f}x**" if oo["mean_s"] else "-", waves,
+                     f"{sum(accepted) / len(accepted):.1f}" if accepted else "-", f"{oo['exact_rate']:.0%}",
+                     str(oo["near_ties"]), str(oo["defects"])])
+    return md_table(head, rows, align="l" * len(head)) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ooospec.eval.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+", help="results JSON(s) written by `ooospec bench --out`")
     parser.add_argument("--out-dir", type=Path, default=None, help="write table.md and bench.png here (one JSON)")
     parser.add_argument("--vs-llamacpp", action="store_true",
                         help="print one summary row per JSON against the llama.cpp peer (several JSONs)")
+    parser.add_argument("--vs-toolspec", action="store_true",
+                        help="print one row per JSON: ooospec against toolspec and the wave gate's decisions")
     args = parser.parse_args(argv)
     runs = []
     for path in args.results:
         with open(path, encoding="utf-8") as f:
             runs.append(json.load(f))
-    if args.vs_llamacpp:
-        print(vs_llamacpp_table(runs))
+    if args.vs_llamacpp or args.vs_toolspec:
+        if args.vs_llamacpp:
+            print(vs_llamacpp_table(runs))
+        if args.vs_toolspec:
+            print(gate_table(runs))
         return 0
     if args.out_dir is None or len(runs) != 1:
         parser.error("give one results JSON and --out-dir (or --vs-llamacpp for a summary of several)")

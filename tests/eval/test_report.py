@@ -143,3 +143,21 @@ def test_vs_llamacpp_summary_rows():
     lines = report.vs_llamacpp_table([run, no_peer]).splitlines()
     assert len(lines) == 3   # header, rule, one row: the run without the peer is left out
     assert lines[2] == "| t | d | warm | 2 | 3.00 | 2.00 | **1.50x** | 1.00 | **3.00x** | 4.20 | 50% | 1 | 0 |"
+
+
+def test_gate_table_ratio_decisions_and_hint_tokens():
+    def s(mean, exact=1.0, ties=0):
+        return {"n": 2, "mean_s": mean, "exact_rate": exact, "near_ties": ties, "defects": 0}
+
+    def ex(decision, accepted):
+        return {"method": "ooospec", "hints": {"wave": {"decision": decision}, "num_accepted_tokens": accepted}}
+    run = {"config": {"target": "t", "dataset": "d", "warm_tools": True},
+           "methods": {"ar": s(3.0), "toolspec": s(2.0), "ooospec": s(1.6, exact=0.5, ties=1)},
+           "examples": [ex("skip", 0), ex("slots", 12), {"method": "toolspec", "hints": None}]}
+    ungated = {**run, "config": {"target": "t", "dataset": "d"},
+               "examples": [{"method": "ooospec", "hints": {"num_accepted_tokens": 3}}]}
+    no_ooospec = {"config": {}, "methods": {"ar": s(1.0), "toolspec": s(1.0)}, "examples": []}
+    lines = report.gate_table([run, ungated, no_ooospec]).splitlines()
+    assert len(lines) == 4                                   # header, rule, two rows: the run without ooospec left out
+    assert lines[2] == "| t | d | warm | 2 | 2.00 | 1.60 | **1.25x** | 1 / 0 / 1 | 6.0 | 50% | 1 | 0 |"
+    assert lines[3] == "| t | d | cold | 2 | 2.00 | 1.60 | **1.25x** | no gate | 3.0 | 50% | 1 | 0 |"
