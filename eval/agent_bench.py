@@ -225,7 +225,7 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
     idle = None
     if speculator == "sidecar" and client is not None and guesser is not None:
         def idle(messages: list[dict], tools: list) -> None:
-            client.prefill(messages, tools)
+            client.prefill(messages, tools, only_if_pays=True)   # with a gate: only when it pays
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle)
     turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,

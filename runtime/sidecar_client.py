@@ -260,17 +260,22 @@ class SidecarClient:
         return req
 
     def prefill(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (), *,
-                wait: bool = False) -> threading.Thread | bool:
+                wait: bool = False, only_if_pays: bool = False) -> threading.Thread | bool:
         """Have the server prefill this request's block now, so that a later wave sharing its beginning prefills
         only the rest (the server's prefix cache; e.g. a tools-first toolbox before requests arrive, or an agent's
         conversation while a tool runs). One prompt, the block + the index query, ``max_tokens=1``.
 
         Runs in a daemon thread (returned) unless ``wait``, then returns whether the server answered 200.
         Failures are logged and cost nothing else; the gate (if any) learns that the server holds the block.
+        ``only_if_pays`` (an agent's idle window while a tool runs): with a gate, prefill only when the gate would
+        send this tool set a wave and expects the prefill to end within the tool's latency
+        (:meth:`~ooospec.runtime.wave_gate.WaveGate.prefill_pays`); else nothing is sent (False).
         """
         def run() -> bool:
             try:
                 block = sp.shared_block(messages, tools, prior_calls, self.server_layout())
+                if only_if_pays and self.gate is not None and not self.gate.prefill_pays(block, tools):
+                    return False
                 body = json.dumps({"model": self.model, "prompt": [block + sp.INDEX_QUERY], "max_tokens": 1,
                                    "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
                 self._post(HintRequest(time.perf_counter()), body)

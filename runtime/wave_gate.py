@@ -371,6 +371,8 @@ class WaveGate:
         # then the blocks sent lately (bounded, most recent last) tell how much of a new block is cached
         self.server_prefix_cache = False
         self._blocks: OrderedDict[str, None] = OrderedDict()
+        self._last: OrderedDict[str, Kind] = OrderedDict()       # tool set -> its latest decision (bounded)
+        self.prefills = {"sent": 0, "skipped": 0}                 # idle-window prefills (prefill_pays)
 
     def fresh(self) -> WaveGate:
         """A gate with this one's prior and settings and none of its evidence (what it knows of the server kept)."""
@@ -447,6 +449,10 @@ class WaveGate:
             self.remember(wave.block)
         record = decision.to_dict()
         with self._lock:
+            self._last[key] = decision.kind
+            self._last.move_to_end(key)
+            while len(self._last) > MAX_REMEMBERED_BLOCKS:
+                self._last.popitem(last=False)
             self.log.append(record)
             del self.log[:-256]
         logger.debug("sidecar wave: %s (saving %.3f s, cost %.3f s, %d queries)", decision.kind, decision.saving_s,
@@ -498,6 +504,23 @@ class WaveGate:
                 lost, overlapped = o.interference
                 add("interference", max(0.0, lost), overlapped, 0.5)
 
+    def prefill_pays(self, block: str, tools: Sequence[Any]) -> bool:
+        """Whether to prefill ``block`` in an agent's idle window (while a tool runs): only when the latest decision
+        for this tool set sent a wave (a skipped next wave would not use the prefill) and the prefill of its uncached
+        part is expected to end within the tool's latency (else it runs into the target's next turn, on the same
+        cores). Counted in :attr:`prefills`."""
+        key = tools_key(tools)
+        uncached = max(0, len(block) - self.cached_chars(block))
+        with self._lock:
+            last = self._last.get(key)
+            est = self._estimates(key)
+            seconds = est.latency_factor * est.prefill_per_token * uncached / max(est.chars_per_token, 1e-6)
+            pays = last not in (None, "skip") and seconds <= est.tool_s
+            self.prefills["sent" if pays else "skipped"] += 1
+        logger.debug("idle prefill of %d chars: %s (%.3f s expected, tool %.3f s, last decision %s)", uncached,
+                     "sent" if pays else "skipped", seconds, est.tool_s, last)
+        return pays
+
     def observe_tool(self, key: str, tool_s: float, hit: bool | None) -> None:
         """Learn from a tool an agent loop ran for a call of tool set ``key``: its latency ``tool_s`` (how long
         the tool itself ran), and whether the turn's joined call was that call (``hit``; None when no joined call
@@ -514,7 +537,7 @@ class WaveGate:
         with self._lock:
             counts = {k: sum(r["decision"] == k for r in self.log) for k in KINDS}
         return {"estimates": asdict(est), "decisions": counts,
-                "requests": self.num_requests}
+                "requests": self.num_requests, "idle_prefills": dict(self.prefills)}
 
 
 def outcome_of(decision: WaveDecision, result, hint_stats, request_stats, calls: Sequence[Mapping],

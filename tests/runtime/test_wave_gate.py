@@ -177,6 +177,25 @@ def test_a_slow_tool_makes_the_slots_wave_pay_in_an_agent_loop():
     assert again.estimates(key) == WaveGate(SHARED).estimates(key) and again.prior == gate.prior
 
 
+def test_idle_prefill_only_when_the_next_wave_is_sent_and_fits_in_the_tool():
+    gate = WaveGate(SPLIT)
+    key = tools_key(TOOLS)
+    assert not gate.prefill_pays(WAVE.block, TOOLS)            # nothing decided for this tool set yet
+    assert gate.decide(WAVE, TOOLS).kind == "slots"
+    assert not gate.prefill_pays(WAVE.block, TOOLS)            # no tool latency seen: nothing to hide it in
+    for _ in range(4):
+        gate.observe_tool(key, 3.0, None)
+    assert gate.prefill_pays(WAVE.block, TOOLS)
+    long_block = WAVE.block + "x" * 100_000                     # ~37 s of prefill at the prior: not within 3 s
+    assert not gate.prefill_pays(long_block, TOOLS)
+    assert gate.prefills == {"sent": 1, "skipped": 3} and gate.summary()["idle_prefills"] == gate.prefills
+    skipping = WaveGate(replace(SHARED, interference=5.0))     # a wave costs 5x its compute: never pays
+    for _ in range(4):
+        skipping.observe_tool(key, 3.0, None)
+    assert skipping.decide(WAVE, TOOLS).kind == "skip"
+    assert not skipping.prefill_pays(WAVE.block, TOOLS)        # the next wave is skipped too: a prefill is waste
+
+
 def test_probe_sends_every_nth_skip():
     gate = WaveGate(SHARED, probe_every=3)
     kinds = [gate.decide(WAVE, TOOLS) for _ in range(6)]
