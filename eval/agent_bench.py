@@ -246,6 +246,7 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
     """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
     from ooospec.runtime.chat import ChatModel
     from ooospec.runtime.session import PrefixCache, SessionStore
+    from ooospec.runtime.sidecar_client import wait_idle
 
     def new_chat(variant: str) -> ChatModel:
         sessions = None if variant == "stateless" else SessionStore(model, prefix_cache=PrefixCache())
@@ -262,6 +263,8 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
             client.gate = client.gate.fresh()     # each latency learns on its own (the tool time differs)
         for dialogue in tqdm(dialogues, desc=f"agent-bench latency {latency:g}s", disable=not progress):
             for variant in variants:
+                if client is not None:      # untimed: a cancelled wave still running never slows the next replay
+                    wait_idle(client.url)
                 row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
                              max_new_tokens=max_new_tokens, client=client)
                 rows.append(row)
@@ -404,8 +407,8 @@ def run_cli(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / f"agent_bench_{Path(args.target).stem or 'target'}.json"
     sidecar, client = None, None
     if args.speculator == "sidecar":
-        if args.sidecar_url is None:
-            sidecar = launch_sidecar(args.sidecar_adapter, threads=1)
+        if args.sidecar_url is None:   # the shared deployment, as `ooospec bench`'s: every core, the bench's threads
+            sidecar = launch_sidecar(args.sidecar_adapter, threads=threads[0])
         client = SidecarClient(args.sidecar_url or sidecar.url)
         if args.sidecar_gate == "on":
             from ooospec.eval.ooospec_method import DEPLOYMENTS, wave_gate_for

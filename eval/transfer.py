@@ -65,6 +65,7 @@ from ooospec.pipelines.params import as_dict, load_section
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import metrics
 from ooospec.runtime.paths import PACKAGE_ROOT, resolve_benchmark
+from ooospec.runtime.sidecar_client import wait_idle
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -317,25 +318,6 @@ def cell_metrics(cell: dict) -> dict:
 
 # ----------------------------------------------------------------------------------------------- the run
 
-
-def wait_idle(url: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> float:
-    """Block until the sidecar server at ``url`` runs and queues nothing; returns the seconds waited.
-
-    The server finishes a wave even after its client cancelled it (the call it was for ended first); the stage
-    calls this before every timed call, untimed, so that leftover wave compute never slows the next method.
-    """
-    from ooospec.runtime.sidecar_client import health
-
-    t0 = time.perf_counter()
-    while True:
-        h = health(url) or {}
-        if not h.get("running") and not h.get("waiting"):
-            return time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout_s:
-            logger.warning("sidecar server %s still busy after %.0f s (%s); timing the next call anyway", url,
-                           timeout_s, h)
-            return time.perf_counter() - t0
-        time.sleep(poll_s)
 
 
 

@@ -584,3 +584,21 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
     if prefix_cache_tokens is not None:
         argv += ["--prefix-cache-tokens", str(prefix_cache_tokens)]
     return start_server(argv, f"http://{host}:{port}", startup_timeout=startup_timeout, log_path=log_path)
+
+
+def wait_idle(url: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> float:
+    """Block until the sidecar server at ``url`` runs and queues nothing; returns the seconds waited.
+
+    The server finishes a wave even after its client cancelled it (the call it was for ended first); benchmarks
+    call this before every timed call, untimed, so that leftover wave compute never slows the next method.
+    """
+    t0 = time.perf_counter()
+    while True:
+        h = health(url) or {}
+        if not h.get("running") and not h.get("waiting"):
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout_s:
+            logger.warning("sidecar server %s still busy after %.0f s (%s); timing the next call anyway", url,
+                           timeout_s, h)
+            return time.perf_counter() - t0
+        time.sleep(poll_s)
