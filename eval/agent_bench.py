@@ -264,7 +264,7 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
         for dialogue in tqdm(dialogues, desc=f"agent-bench latency {latency:g}s", disable=not progress):
             for variant in variants:
                 if client is not None:      # untimed: a cancelled wave still running never slows the next replay
-                    wait_idle(client.url)
+                    wait_idle(client.base_url)
                 row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
                              max_new_tokens=max_new_tokens, client=client)
                 rows.append(row)

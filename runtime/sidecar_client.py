@@ -206,6 +206,7 @@ class SidecarClient:
         if connect_timeout <= 0 or timeout <= 0 or max_response_bytes < 1 or max_tokens < 1:
             raise ValueError("connect_timeout, timeout, max_response_bytes and max_tokens must be positive")
         self.host, self.port = url.hostname, url.port or 80
+        self.base_url = base_url.rstrip("/")
         self.path = url.path.rstrip("/") + "/v1/completions"
         self.health_path = url.path.rstrip("/") + "/health"
         self.model, self.max_tokens = model, max_tokens
