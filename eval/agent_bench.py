@@ -191,6 +191,16 @@ class HintsOnly:
     def cancel(self) -> None:
         self.guess.cancel()
 
+    @property
+    def decision(self) -> dict | None:
+        return self.guess.decision
+
+    def turn_done(self, turn) -> None:
+        self.guess.turn_done(turn)
+
+    def tool_done(self, tool_s: float, hit: bool | None) -> None:
+        self.guess.tool_done(tool_s, None)         # no tool ran on this guess: only its latency is news
+
 
 def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
     """``(messages, tools, turn) -> CallGuess``: the step's gold call, or the sidecar's wave for this turn."""

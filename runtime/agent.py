@@ -15,9 +15,9 @@ One turn (seed paper 003's engine-side loop, in process):
 2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
    same guess drafts tokens too (O2, :class:`~ooospec.runtime.hints.HintDrafter`).
 3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
-   returns the speculative result when the canonical keys match, and runs the real call otherwise. A guess with
-   ``turn_done(turn)`` / ``tool_done(tool_s, hit)`` hooks (:class:`SidecarGuess`) hears how the turn and its tool
-   went: the sidecar's wave gate learns from them what a wave is worth in tool latency hidden.
+   returns the speculative result when the canonical keys match, and runs the real call otherwise. The guess hears
+   how the turn and its tool went (``turn_done(turn)`` / ``tool_done(tool_s, hit)``): a :class:`SidecarGuess`'s
+   wave gate learns from them what a wave is worth in tool latency hidden.
 4. The call and its result join the conversation and the next turn continues the same session: only the new
    tokens (the call's end, the tool message, the generation prompt) are prefilled -- the tool result goes into
    the resident KV and decoding goes on (O3), with nothing to evict, re-admit or re-prefill. Without sessions
@@ -55,6 +55,20 @@ class CallGuess(Protocol):
 
     def cancel(self) -> None:
         """The turn is over: stop working on the guess."""
+        ...
+
+    @property
+    def decision(self) -> dict | None:
+        """The sidecar wave gate's record for this guess (None: no gate decided)."""
+        ...
+
+    def turn_done(self, turn) -> None:
+        """The turn (a :class:`~ooospec.runtime.chat.ChatTurn`) is over, its call written."""
+        ...
+
+    def tool_done(self, tool_s: float, hit: bool | None) -> None:
+        """The turn's tool ran for ``tool_s`` s; ``hit``: served from the guess's speculative run (None: no guessed
+        call was ready when the turn ended)."""
         ...
 
 
@@ -107,6 +121,14 @@ class ReadyGuess:
         return self.call
 
     def cancel(self) -> None:
+        pass
+
+    decision = None                 # no sidecar, no gate
+
+    def turn_done(self, turn) -> None:
+        pass
+
+    def tool_done(self, tool_s: float, hit: bool | None) -> None:
         pass
 
 
@@ -215,11 +237,11 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             if g is not None:
                 g.cancel()
         t1 = time.perf_counter()
-        if g is not None and hasattr(g, "turn_done"):
+        if g is not None:
             g.turn_done(ct)
         call = ct.calls[0] if ct.calls else None
         step = AgentStep(turn, ct.text, call, None, None, None, guessed, ct.prompt_tokens, ct.cached_tokens,
-                         ct.origin, t1 - t0, 0.0, ct.finish_reason, getattr(g, "decision", None))
+                         ct.origin, t1 - t0, 0.0, ct.finish_reason, None if g is None else g.decision)
         run.steps.append(step)
         if call is None:
             break
@@ -229,7 +251,7 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             on_tool_start(list(run.messages), turn_tools)
         res = executor.resolve(call)
         step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
-        if g is not None and hasattr(g, "tool_done"):
+        if g is not None:
             g.tool_done(res.result.elapsed_s, res.hit if guessed is not None else None)
         run.messages.append({"role": "tool", "content": res.result.content})
     run.wall_s = time.perf_counter() - t_start
