@@ -1,7 +1,7 @@
 """``ooospec sidecar``: serve the sidecar over HTTP, or predict calls for a dataset offline.
 
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
-                          [--prefix-cache-tokens 16384]
+                          [--prefix-cache-tokens 16384] [--no-calibrate]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
                             [--prefix-cache-tokens N [--warm-tools]]
 
@@ -83,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
                        help="block KV kept for later waves, in tokens (LRU; default 16384, 0 = off): a tools-first "
                             "adapter then prefills a seen toolbox once")
+    serve.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip the start-up wave that measures this machine's wave cost (reported in /health "
+                            "for clients' wave gates; without it they keep their built-in prior)")
     predict.add_argument("--dataset", required=True, help="a JSONL file of records or a benchmark name")
     predict.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None,
                          help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
@@ -109,7 +112,8 @@ def run_cli(args: argparse.Namespace) -> int:
         if cache_tokens < 0:
             raise SystemExit(f"--prefix-cache-tokens must be >= 0, got {cache_tokens}")
         serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
-              dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens)
+              dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens,
+              calibrate=args.calibrate)
         return 0
 
     from tqdm import tqdm

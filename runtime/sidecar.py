@@ -194,6 +194,40 @@ def prefill_block(model, tokens: Sequence[int], prefix_cache: PrefixCache | None
     return kv, cached
 
 
+def measure_wave_cost(model, *, vocab_size: int, max_draft_nodes: int = 6, block_tokens: int = 256,
+                      num_queries: int = 9, query_tokens: int = 8, max_new_tokens: int = 4, repeats: int = 2,
+                      seed: int = 0) -> dict:
+    """What a wave costs this model on this machine, with its threads, now: one synthetic wave (a
+    ``block_tokens`` block of seeded random ids, ``num_queries`` queries, every branch fed a full
+    ``max_draft_nodes`` draft that greedy decoding rejects, as large as a real wave's forwards get) run ``repeats``
+    times; the last run counts (the first warms the kernels). A server measures this at start-up and reports it in
+    ``/health`` so that a client's wave gate prices waves for the machine it runs on instead of a prior calibrated
+    elsewhere (:meth:`~ooospec.runtime.wave_gate.WaveGate.calibrate`).
+
+    Returns ``{"prefill_per_token", "decode_forward_s", "num_queries", "block_tokens", "n_forwards", "seconds"}``:
+    prefill seconds per block + query token and decode seconds per forward, computed as the gate computes them from
+    a real wave's server timings (``prefill_s / (block_tokens + query_tokens)``, ``decode_s / n_forwards``).
+    """
+    if block_tokens < 2 or num_queries < 1 or query_tokens < 1 or repeats < 1 or vocab_size < 4:
+        raise ValueError("need block_tokens >= 2, num_queries, query_tokens, repeats >= 1 and vocab_size >= 4")
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(vocab_size // 4, vocab_size // 2, (block_tokens + num_queries * query_tokens,),
+                        generator=g).tolist()
+    block = ids[:block_tokens]
+    queries = [ids[block_tokens + i * query_tokens: block_tokens + (i + 1) * query_tokens] for i in range(num_queries)]
+    draft = ids[:max_draft_nodes]
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(repeats):
+            _, st = decode_branches(model, block, queries, max_new_tokens=max_new_tokens,
+                                    propose=(lambda i, out: [draft]) if draft else None,
+                                    max_draft_nodes=max_draft_nodes)
+    return {"prefill_per_token": st["prefill_s"] / (st["block_tokens"] + st["query_tokens"]),
+            "decode_forward_s": st["decode_s"] / st["n_forwards"], "num_queries": num_queries,
+            "block_tokens": block_tokens, "n_forwards": st["n_forwards"],
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
 def _check_wave(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], max_new_tokens: int,
                 max_draft_nodes: int) -> None:
     if not block_ids:

@@ -368,6 +368,8 @@ class SidecarClient:
             self.server_prefix_cache = bool(isinstance(health, dict) and health.get("prefix_cache"))
             if self.gate is not None:
                 self.gate.server_prefix_cache = self.server_prefix_cache
+                if isinstance(health, dict) and isinstance(health.get("calibration"), dict):
+                    self.gate.calibrate(health["calibration"])     # this machine's wave cost, not the prior's
             if found is None:
                 self.layout = sp.LAYOUT_VERSION
             else:

@@ -31,7 +31,10 @@ turns a joined call was ready for). Every quantity but ``marginal`` is learnt on
 from each finished request -- the target's timings, the HintDrafter stats, the server's wave timings (``prefill_s``,
 ``decode_s``, ``n_forwards``, ``block_tokens``) and the target's slowdown while the wave ran
 (:func:`interference_sample`) -- as running sums started from a calibrated prior (:data:`PRIORS`, worth
-``prior_weight`` requests).
+``prior_weight`` requests). The prior's sidecar compute (prefill per token, decode forward) was measured on another
+machine; a client replaces it with what the sidecar server measured at start-up on this one (``/health``
+``calibration``, :meth:`WaveGate.calibrate`): a Xeon with AMX prefills bf16 several times faster than a core
+without it.
 
 Worked example (the ``shared`` prior; a 350-token block, 9 queries, step_s 0.19 s, 55-token calls)::
 
@@ -109,6 +112,30 @@ PRIORS: dict[str, Estimates] = {
     "remote": replace(_SHARED, interference=0.0, prefill_per_token=0.0002, decode_forward=0.015,
                       decode_per_query=0.0002),               # another machine / an idle accelerator: send
 }
+
+
+
+def calibrated(prior: Estimates, measured: Mapping[str, Any]) -> Estimates:
+    """``prior`` with the sidecar's compute measured on this machine by its server
+    (:func:`~ooospec.runtime.sidecar.measure_wave_cost`, reported in ``/health`` as ``calibration``): its prefill
+    seconds per token, and the decode forward pair scaled so that a forward of ``num_queries`` queries costs what
+    was measured. Raises ValueError for a measurement that is not a positive number of seconds under 10.
+
+    >>> est = calibrated(PRIORS["shared"], {"prefill_per_token": 0.004, "decode_forward_s": 0.144, "num_queries": 9})
+    >>> est.prefill_per_token, round(est.decode_forward + 9 * est.decode_per_query, 3), round(est.decode_forward, 3)
+    (0.004, 0.144, 0.09)
+    """
+    try:
+        prefill, forward, q = (float(measured["prefill_per_token"]), float(measured["decode_forward_s"]),
+                               int(measured["num_queries"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"calibration needs prefill_per_token, decode_forward_s and num_queries: {e!r}") from None
+    if not (0 < prefill < 10 and 0 < forward < 10 and 0 <= q <= 4096):
+        raise ValueError(f"calibration out of range: prefill_per_token={prefill}, decode_forward_s={forward}, "
+                         f"num_queries={q}")
+    scale = forward / (prior.decode_forward + prior.decode_per_query * q)
+    return replace(prior, prefill_per_token=prefill, decode_forward=prior.decode_forward * scale,
+                   decode_per_query=prior.decode_per_query * scale)
 
 
 # ------------------------------------------------------------------------------------------ pure estimates
@@ -377,13 +404,32 @@ class WaveGate:
         self._blocks: OrderedDict[str, None] = OrderedDict()
         self._last: OrderedDict[str, Kind] = OrderedDict()       # tool set -> its latest decision (bounded)
         self.prefills = {"sent": 0, "skipped": 0}                 # idle-window prefills (prefill_pays)
+        self.calibration: dict | None = None                      # what the server measured (calibrate)
 
     def fresh(self) -> WaveGate:
         """A gate with this one's prior and settings and none of its evidence (what it knows of the server kept)."""
         gate = WaveGate(self.prior, prior_weight=self.prior_weight, probe_every=self.probe_every,
                         max_requests=self.max_requests)
         gate.server_prefix_cache = self.server_prefix_cache
+        gate.calibration = self.calibration
         return gate
+
+    def calibrate(self, measured: Mapping[str, Any]) -> bool:
+        """Price the sidecar's compute with what its server measured on this machine (its ``/health``
+        ``calibration``; :func:`calibrated`) instead of the prior's figures, calibrated on another machine. A
+        measurement out of range is logged and ignored (False): a wrong server changes no decision."""
+        try:
+            prior = calibrated(self.prior, measured)
+        except ValueError as e:
+            logger.warning("sidecar calibration ignored: %s", e)
+            return False
+        with self._lock:
+            self.prior = prior
+            self.calibration = {k: measured[k] for k in ("prefill_per_token", "decode_forward_s", "num_queries")}
+        logger.info("wave gate calibrated: %.2f ms per prefill token, %.1f ms per decode forward of %d queries",
+                    1e3 * prior.prefill_per_token, 1e3 * float(measured["decode_forward_s"]),
+                    int(measured["num_queries"]))
+        return True
 
     def _mean(self, name: str) -> _Mean:
         return self._m.setdefault(name, _Mean())
@@ -540,8 +586,8 @@ class WaveGate:
         est = self.estimates()
         with self._lock:
             counts = {k: sum(r["decision"] == k for r in self.log) for k in KINDS}
-        return {"estimates": asdict(est), "decisions": counts,
-                "requests": self.num_requests, "idle_prefills": dict(self.prefills)}
+        return {"estimates": asdict(est), "decisions": counts, "requests": self.num_requests,
+                "idle_prefills": dict(self.prefills), "calibration": self.calibration}
 
 
 def outcome_of(decision: WaveDecision, result, hint_stats, request_stats, calls: Sequence[Mapping],

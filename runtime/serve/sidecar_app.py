@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict
 from ooospec.runtime.serve.admission import admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 from ooospec.runtime.session import PrefixCache
-from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches
+from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches, measure_wave_cost
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,8 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
         return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
                 "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
-                "prefix_cache": None if (cache := getattr(sidecar, "prefix_cache", None)) is None else cache.to_dict()}
+                "prefix_cache": None if (cache := getattr(sidecar, "prefix_cache", None)) is None else cache.to_dict(),
+                "calibration": getattr(sidecar, "calibration", None)}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -328,13 +329,16 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
 
 def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           threads: int | None = None, cpus: Sequence[int] | None = None, dtype: str = "fp32",
-          limits: Limits = Limits(), prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS) -> None:
+          limits: Limits = Limits(), prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+          calibrate: bool = True) -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
     ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.session.PrefixCache`,
     LRU; 0 = none): a tools-first adapter's wave then prefills only what follows the longest block prefix an
     earlier wave computed -- its conversation, once its toolbox has been seen.
+    ``calibrate``: before serving, time one synthetic wave (:func:`~ooospec.runtime.sidecar.measure_wave_cost`,
+    a few seconds) and report it in ``/health`` as ``calibration``: clients' wave gates price waves with it.
     """
     import uvicorn
 
@@ -346,6 +350,13 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
     sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype)
     if prefix_cache_tokens > 0:
         sidecar.prefix_cache = PrefixCache(max_tokens=prefix_cache_tokens)
+    if calibrate:
+        sidecar.calibration = measure_wave_cost(sidecar.model, vocab_size=sidecar.model.config.vocab_size,
+                                                max_draft_nodes=sidecar.max_draft_nodes)
+        logger.info("wave cost on this machine: %.2f ms per prefill token, %.1f ms per decode forward of %d "
+                    "queries (calibration took %.1f s)", 1e3 * sidecar.calibration["prefill_per_token"],
+                    1e3 * sidecar.calibration["decode_forward_s"], sidecar.calibration["num_queries"],
+                    sidecar.calibration["seconds"])
     app = create_app(sidecar, limits=limits)
     logger.info("sidecar serving on http://%s:%d (threads=%s, cpus=%s)", host, port, threads, cpus)
     uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,

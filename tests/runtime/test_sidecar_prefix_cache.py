@@ -14,7 +14,7 @@ from ooospec.runtime.formats import hermes
 from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.serve.sidecar_app import complete, create_app
 from ooospec.runtime.session import PrefixCache
-from ooospec.runtime.sidecar import Sidecar, decode_branches
+from ooospec.runtime.sidecar import Sidecar, decode_branches, measure_wave_cost
 from ooospec.runtime.sidecar_client import SidecarClient
 from ooospec.runtime.wave_gate import PRIORS, Option, WaveGate, wave_compute_s
 from tests.pipelines.sidecar_tiny import byte_tokenizer
@@ -131,3 +131,28 @@ def test_the_gate_prices_only_the_uncached_part_of_a_block():
     assert gate.cached_chars("Tools:\n[0] f\nConversation:\nuser: b\n") == 0      # the server keeps no cache
     gate.server_prefix_cache = True
     assert gate.cached_chars("Tools:\n[0] f\nConversation:\nuser: b\n") == len("Tools:\n[0] f\nConversation:\nuser: ")
+
+
+def test_the_server_measures_its_wave_cost_and_the_gate_prices_waves_with_it():
+    model, tok = tiny_model("llama"), byte_tokenizer()
+    sidecar = Sidecar(model, tok, metadata={"layout_version": 3})
+    cal = measure_wave_cost(model, vocab_size=model.config.vocab_size, max_draft_nodes=sidecar.max_draft_nodes,
+                            block_tokens=64, num_queries=3)
+    assert cal["prefill_per_token"] > 0 and cal["decode_forward_s"] > 0 and 1 <= cal["n_forwards"] <= 4
+    assert cal["num_queries"] == 3 and cal["block_tokens"] == 64
+    sidecar.calibration = cal
+    gate = WaveGate(PRIORS["shared"])
+    with running_app(create_app(sidecar, limits=LIMITS)) as url:
+        assert get(url, "/health")[1]["calibration"] == cal
+        client = SidecarClient(url, max_tokens=6, gate=gate)
+        assert client.server_layout() == 3
+    p = gate.prior
+    assert gate.calibration is not None and p.prefill_per_token == cal["prefill_per_token"]
+    assert p.decode_forward + 3 * p.decode_per_query == pytest.approx(cal["decode_forward_s"])
+    assert p.interference == PRIORS["shared"].interference        # only the sidecar's compute is measured
+    assert gate.fresh().prior == p and gate.summary()["calibration"]["num_queries"] == 3
+    with running_app(create_app(Sidecar(model, tok, metadata={"layout_version": 3}), limits=LIMITS)) as url:
+        assert get(url, "/health")[1]["calibration"] is None       # not calibrated: clients keep their prior
+        other = WaveGate(PRIORS["shared"])
+        SidecarClient(url, gate=other).server_layout()
+    assert other.prior == PRIORS["shared"] and other.calibration is None

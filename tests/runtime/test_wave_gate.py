@@ -23,6 +23,7 @@ from ooospec.runtime.wave_gate import (
     Option,
     WaveGate,
     WaveOutcome,
+    calibrated,
     decide,
     expected_cost_s,
     expected_saving_s,
@@ -52,6 +53,22 @@ def test_shared_prior_skips_split_prior_sends():
     assert d.queries == ("index", "get_weather.city", "get_time.tz")              # the enum slot is dropped
     assert d.dropped == ("get_weather.unit",)
     assert d.wave.block == WAVE.block and d.wave.queries == tuple(WAVE.queries[i] for i in (0, 1, 3))
+
+
+def test_a_machine_measured_slower_turns_a_send_into_a_skip_and_a_bad_measurement_changes_nothing():
+    assert decide(WAVE, TOOLS, SPLIT).kind == "slots"
+    slow = {"prefill_per_token": 0.05, "decode_forward_s": 2.0, "num_queries": 9}     # 45x / 28x the prior
+    est = calibrated(SPLIT, slow)
+    assert est.prefill_per_token == 0.05 and est.decode_forward + 9 * est.decode_per_query == pytest.approx(2.0)
+    assert decide(WAVE, TOOLS, est).kind == "skip"
+    gate = WaveGate(SPLIT)
+    for bad in ({}, {"prefill_per_token": -1, "decode_forward_s": 0.1, "num_queries": 9},
+                {"prefill_per_token": "x", "decode_forward_s": 0.1, "num_queries": 9},
+                {"prefill_per_token": float("nan"), "decode_forward_s": 0.1, "num_queries": 9}):
+        assert gate.calibrate(bad) is False
+    assert gate.prior == SPLIT and gate.calibration is None
+    assert gate.calibrate(slow) is True and gate.decide(WAVE, TOOLS).kind == "skip"
+    assert gate.calibrate(slow) and gate.prior == est                   # idempotent
 
 
 def test_cost_above_saving_is_a_skip_and_the_formulas_hold():
