@@ -393,7 +393,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime import hardware
     from ooospec.runtime.models import load_target
     from ooospec.runtime.paths import resolve_benchmark
-    from ooospec.runtime.sidecar_client import SidecarClient, launch_sidecar
+    from ooospec.runtime.sidecar_client import SidecarClient, health, launch_sidecar
 
     latencies = _latencies(args.latencies)
     if args.max_new_tokens < 1:
@@ -418,7 +418,7 @@ def run_cli(args: argparse.Namespace) -> int:
     sidecar, client = None, None
     if args.speculator == "sidecar":
         if args.sidecar_url is None:   # the shared deployment, as `ooospec bench`'s: every core, the bench's threads
-            sidecar = launch_sidecar(args.sidecar_adapter, threads=threads[0])
+            sidecar = launch_sidecar(args.sidecar_adapter, threads=threads[0], dtype=args.dtype)   # as the target
         client = SidecarClient(args.sidecar_url or sidecar.url)
         if args.sidecar_gate == "on":
             from ooospec.eval.ooospec_method import DEPLOYMENTS, wave_gate_for
@@ -434,6 +434,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
         env["sidecar_adapter"] = sidecar_adapter_record(HintOptions(sidecar_url=args.sidecar_url,
                                                                     sidecar_adapter=args.sidecar_adapter))
+        served = health(client.base_url) or {}      # how the server runs: dtype, threads, its measured wave cost
+        env["sidecar_server"] = {k: served.get(k) for k in ("dtype", "threads", "cpus", "calibration")}
     t0 = time.perf_counter()
 
     def save(rows: list[dict], partial: bool) -> dict:

@@ -153,7 +153,8 @@ def exp_command(overrides: Mapping) -> str:
 
 FULL_PARAMS = "eval/transfer_full.yaml"
 WARM_PARAMS = "eval/transfer_warm.yaml"     # the full matrix with a warm toolbox (warm_tools: true)
-NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm"}
+WARM_QWEN_PARAMS = "eval/transfer_warm_qwen.yaml"   # the same on the two Qwen targets (same folders, same cells)
+NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm", WARM_QWEN_PARAMS: "warm"}
 
 
 def named_command(params_file: str) -> str:
@@ -236,8 +237,12 @@ def target_info(model, tokenizer, fmt, sidecar: dict | None) -> dict:
 
 def target_methods(params: TransferParams, target: str) -> tuple[list[str], list[str]]:
     """``(methods in run order, notes)`` for one target: ``ar`` and ``hf-greedy`` first, and ``hf-assisted`` left
-    out (with a note) where no draft model is configured for the target."""
+    out (with a note) where no draft model is configured for the target or the toolbox is warm."""
     names, notes = list(params.methods), []
+    if "hf-assisted" in names and params.warm_tools:
+        names.remove("hf-assisted")
+        notes.append("hf-assisted left out: transformers' assisted generation cannot start from a cached prefix "
+                     "(warm_tools)")
     if "hf-assisted" in names and target not in params.assistants:
         names.remove("hf-assisted")
         notes.append(f"hf-assisted left out for {target}: no same-vocabulary draft model "

@@ -292,7 +292,13 @@ def transfer_notes(results: dict) -> list[tuple[str, str, list[str]]]:
                            f"the call format is the {info['format']} fallback.")
         h = s.get("hints") or {}
         errors = h.get("errors") or {}
-        if h and h["ready_before_end"] < LATE:
+        skipped = (h.get("wave_decisions") or {}).get("skip", 0) if h else 0
+        if skipped:
+            reasons.append(f"the wave gate skipped {skipped} of {h['n']} waves: on this machine and deployment "
+                           f"their expected cost (sidecar compute on the target's cores) exceeded what their hints "
+                           f"would save, so those requests ran as toolspec does (each decision with its estimate is "
+                           f"in the cell's hints.wave).")
+        if h and h["ready_before_end"] < LATE and skipped < h["n"]:
             why = []
             if errors.get("cancelled"):
                 why.append(f"{errors['cancelled']} of {h['n']} waves were still running when the call ended "

@@ -291,6 +291,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
         return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
                 "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
+                "dtype": str(next(sidecar.model.parameters()).dtype).removeprefix("torch."),
                 "prefix_cache": None if (cache := getattr(sidecar, "prefix_cache", None)) is None else cache.to_dict(),
                 "calibration": getattr(sidecar, "calibration", None)}
 

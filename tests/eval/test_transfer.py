@@ -253,3 +253,14 @@ def test_hf_assisted_runs_where_a_draft_model_is_named(tiny_target, toy_benchmar
     (cell,) = results["cells"]
     assert cell["methods_run"] == ["ar", "hf-greedy", "hf-assisted"] and cell["notes"] == []
     assert cell["methods"]["hf-assisted"]["exact_rate"] == 1.0
+
+
+def test_a_warm_toolbox_leaves_hf_assisted_out_and_the_named_sets_load():
+    params = params_for(Path("t"), Path("b.jsonl"), methods=("toolspec", "hf-assisted"), assistants={"t": "d"})
+    assert transfer.target_methods(params, "t") == (["ar", "hf-greedy", "toolspec", "hf-assisted"], [])
+    methods, notes = transfer.target_methods(dataclasses.replace(params, warm_tools=True), "t")
+    assert methods == ["ar", "hf-greedy", "toolspec"] and any("cached prefix" in n for n in notes)
+    root = Path(__file__).resolve().parents[2]
+    for name, folder in transfer.NAMED_SETS.items():       # every named set loads and names its folders
+        p = transfer.load_params(root / name)
+        assert p.warm_tools == (folder == "warm") and f"data/transfer-{folder} " in transfer.named_command(name)

@@ -165,6 +165,13 @@ def test_honest_notes_come_from_the_numbers(results):
     verdict, reasons = {t: (v, r) for t, v, r in R.transfer_notes(better)}["smollm2-135m"]
     assert verdict.startswith("Hints help:") and "1.50x over toolspec" in verdict
 
+    gated = copy.deepcopy(results)       # a gate that skipped every wave: no "seldom arrive", the gate says why
+    h = gated["targets"]["smollm2-135m"]["summary"]["hints"]
+    h.update(ready_before_end=0.0, wave_decisions={"skip": h["n"], "index": 0, "slots": 0})
+    reasons = {t: r for t, _, r in R.transfer_notes(gated)}["smollm2-135m"]
+    assert any(r.startswith(f"the wave gate skipped {h['n']} of {h['n']} waves") for r in reasons)
+    assert not any(r.startswith("hints seldom arrive") for r in reasons)
+
 
 def test_write_reports(results, tmp_path):
     paths = R.write_reports(results, tmp_path)

@@ -233,6 +233,7 @@ def test_health_and_models(server):
     status, h = get(server[0], "/health")
     assert status == 200 and h["status"] == "ok" and h["model"] == "sidecar" and h["running"] == h["waiting"] == 0
     assert h["layout_version"] == sp.LAYOUT_VERSION and h["threads"] >= 1 and h["cpus"]
+    assert h["dtype"] == str(next(server[1].parameters()).dtype).removeprefix("torch.") and h["calibration"] is None
     assert get(server[0], "/v1/models")[1]["data"][0]["id"] == "sidecar"
 
 
