@@ -203,8 +203,8 @@ def peer_method(name: str, model, tokenizer, *, pld_tokens: int, assistant=None)
                                  max_new_tokens=ctx.max_new_tokens, stop=ctx.stop,
                                  pad_token_id=tokenizer.pad_token_id, note=note, cache=warm.take(), **extra)
 
-    if "assistant_model" not in extra:   # assisted decoding keeps a second cache for its draft model
-        run.warm = warm.warm
+    if not extra:   # stock greedy only: transformers' prompt lookup and assisted generation (5.24) feed the whole
+        run.warm = warm.warm   # prompt on top of a pre-filled cache (peers.check_continued), so they run cold only
     return run, note
 
 

@@ -160,6 +160,7 @@ def hf_generate(
     raw = out[0, prompt_len:].tolist()
     tokens = cut_at_stop(raw, eos_token_ids, stop, max_new_tokens)
     q_lens = counter.q_lens
+    check_continued(q_lens, prompt_len, cached, max_draft=gen_kwargs.get("prompt_lookup_num_tokens") or 0)
     # the prefill forward carries the prompt (and, for prompt lookup, a first draft appended to it)
     tree_sizes = [q_lens[0] - (prompt_len - cached) + 1] + q_lens[1:]
     stop_reason = ("eos" if tokens and tokens[-1] in set(eos_token_ids)
@@ -177,9 +178,30 @@ def hf_generate(
     )
 
 
+def check_continued(q_lens: Sequence[int], prompt_len: int, cached: int, *, max_draft: int = 0) -> None:
+    """Raise unless ``generate`` continued from the ``cached`` prefix: its first forward may carry only the
+    ``prompt_len - cached`` uncached tokens (+ up to ``max_draft`` drafted ones).
+
+    transformers 5.24's prompt-lookup and assisted generation feed the WHOLE prompt on top of a pre-filled cache
+    (the prompt then appears twice in the context): a timing of another computation and, in general, other tokens.
+    Plain greedy ``generate`` slices correctly. The check keeps a future version that regresses from being timed.
+
+    >>> check_continued([10, 1, 1], prompt_len=30, cached=20)
+    >>> check_continued([35, 1], prompt_len=30, cached=20, max_draft=5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: generate fed 35 tokens on top of a cached prefix of 20 (prompt 30, ...): it did not continue ...
+    """
+    if cached and q_lens and q_lens[0] > prompt_len - cached + max_draft:
+        raise RuntimeError(f"generate fed {q_lens[0]} tokens on top of a cached prefix of {cached} (prompt "
+                           f"{prompt_len}, at most {prompt_len - cached} + {max_draft} drafted expected): it did not "
+                           "continue from the cache")
+
+
 class WarmPrefix:
-    """The bench's ``--warm-tools`` hook for the HF peers: ``warm(prefix)`` runs the model over ``prefix``
-    (untimed) into a ``DynamicCache`` that the next ``generate`` continues from (``take``)."""
+    """The bench's ``--warm-tools`` hook for stock greedy ``generate`` (``hf-greedy``): ``warm(prefix)`` runs the
+    model over ``prefix`` (untimed) into a ``DynamicCache`` that the next ``generate`` continues from (``take``).
+    Prompt lookup and assisted generation cannot continue from it (:func:`check_continued`)."""
 
     def __init__(self, model: PreTrainedModel):
         self.model = model

@@ -235,14 +235,19 @@ def target_info(model, tokenizer, fmt, sidecar: dict | None) -> dict:
 # ---------------------------------------------------------------------------------------------- the matrix
 
 
+COLD_ONLY = ("hf-pld", "hf-assisted")   # HF peers that cannot continue from a cached prefix (peers.check_continued)
+
+
 def target_methods(params: TransferParams, target: str) -> tuple[list[str], list[str]]:
-    """``(methods in run order, notes)`` for one target: ``ar`` and ``hf-greedy`` first, and ``hf-assisted`` left
-    out (with a note) where no draft model is configured for the target or the toolbox is warm."""
+    """``(methods in run order, notes)`` for one target: ``ar`` and ``hf-greedy`` first; ``hf-pld`` and
+    ``hf-assisted`` left out (with a note) where the toolbox is warm, ``hf-assisted`` also where no draft model is
+    configured for the target."""
     names, notes = list(params.methods), []
-    if "hf-assisted" in names and params.warm_tools:
-        names.remove("hf-assisted")
-        notes.append("hf-assisted left out: transformers' assisted generation cannot start from a cached prefix "
-                     "(warm_tools)")
+    if params.warm_tools:
+        for name in [n for n in COLD_ONLY if n in names]:
+            names.remove(name)
+            notes.append(f"{name} left out: transformers' prompt lookup / assisted generation cannot start from a "
+                         "cached prefix (it feeds the whole prompt on top of it; warm_tools)")
     if "hf-assisted" in names and target not in params.assistants:
         names.remove("hf-assisted")
         notes.append(f"hf-assisted left out for {target}: no same-vocabulary draft model "

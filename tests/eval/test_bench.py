@@ -571,7 +571,7 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
     """--warm-tools: each method starts from the system + tools block (prefilled untimed); same tokens as cold."""
     model, tok = target
     fmt = detect_format(tok)
-    factories, _ = harness.build_methods(["ar", "pld", "toolspec", "hf-pld"], model, tok,
+    factories, _ = harness.build_methods(["ar", "pld", "toolspec"], model, tok,
                                        eos_token_ids=harness.eos_ids(model, tok), pld_tokens=5)
     warm = harness.run_bench(model, tok, toy_records(), factories, fmt=fmt, max_new_tokens=24, progress=False,
                            warm_tools=True)
@@ -618,11 +618,34 @@ def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, result
         assert server["cached_tokens"] < server["block_tokens"]
 
 
+def test_hf_peers_from_a_cached_prefix_are_exact_or_refuse():
+    """Stock greedy ``generate`` continues from a pre-filled cache (first forward = the uncached tail, tokens =
+    cold); prompt lookup either does the same or raises (transformers 5.24 feeds the whole prompt on top of the
+    cache): never a silently different computation."""
+    model = tiny_qwen2(seed=3).double()
+    base = list(range(40, 52))
+    prompt = base + base + base[:6]                  # repetitive: prompt lookup finds drafts
+    kwargs = {"eos_token_ids": [0], "max_new_tokens": 20, "stop": None}
+    for extra in ({}, {"prompt_lookup_num_tokens": 5}):
+        cold = peers.hf_generate(model, prompt, **kwargs, **extra)
+        warm = peers.WarmPrefix(model)
+        warm.warm(prompt[:20])
+        try:
+            res = peers.hf_generate(model, prompt, cache=warm.take(), **kwargs, **extra)
+        except RuntimeError as e:
+            assert extra and "did not continue from the cache" in str(e)
+            continue
+        assert res.tokens == cold.tokens, extra
+        assert res.tree_sizes[0] <= 1 + extra.get("prompt_lookup_num_tokens", 0)
+        if not extra:
+            assert res.tree_sizes[0] == 1
+
+
 def test_warm_tools_refuses_a_method_without_a_cache_hook(target):
     model, tok = target
-    factories, _ = harness.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
-                                       assistant=model)
-    with pytest.raises(ValueError, match=r"--warm-tools: method\(s\) \['hf-assisted'\]"):
+    factories, _ = harness.build_methods(["ar", "hf-pld", "hf-assisted"], model, tok,
+                                       eos_token_ids=harness.eos_ids(model, tok), assistant=model)
+    with pytest.raises(ValueError, match=r"--warm-tools: method\(s\) \['hf-pld', 'hf-assisted'\]"):
         harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=8,
                         progress=False, warm_tools=True)
 

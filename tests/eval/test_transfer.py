@@ -196,9 +196,11 @@ def test_committed_params_section_loads_and_full_set_applies():
     assert transfer.load_params(path.parent / transfer.FULL_PARAMS) == full
     doc = " ".join(transfer.__doc__.replace("\\\n", " ").split())
     assert transfer.full_command() in doc
-    # the warm set is the full set with the toolbox cached, less hf-assisted (it cannot start from a cached prefix)
+    # the warm set is the full set with the toolbox cached, less hf-pld and hf-assisted (they cannot start from a
+    # cached prefix)
     warm = transfer.load_params(path.parent / transfer.WARM_PARAMS)
-    methods = tuple(m for m in full.methods if m != "hf-assisted")
+    methods = tuple(m for m in full.methods if m not in transfer.COLD_ONLY)
+    assert set(transfer.COLD_ONLY) <= set(full.methods) and len(methods) == len(full.methods) - 2
     assert warm == dataclasses.replace(full, warm_tools=True, methods=methods)
     assert not full.warm_tools and full.sidecar_gate
     header = " ".join((path.parent / transfer.WARM_PARAMS).read_text().replace("\\\n#", " ").split())
@@ -257,11 +259,13 @@ def test_hf_assisted_runs_where_a_draft_model_is_named(tiny_target, toy_benchmar
     assert cell["methods"]["hf-assisted"]["exact_rate"] == 1.0
 
 
-def test_a_warm_toolbox_leaves_hf_assisted_out_and_the_named_sets_load():
-    params = params_for(Path("t"), Path("b.jsonl"), methods=("toolspec", "hf-assisted"), assistants={"t": "d"})
-    assert transfer.target_methods(params, "t") == (["ar", "hf-greedy", "toolspec", "hf-assisted"], [])
+def test_a_warm_toolbox_leaves_the_hf_drafting_peers_out_and_the_named_sets_load():
+    params = params_for(Path("t"), Path("b.jsonl"), methods=("toolspec", "hf-pld", "hf-assisted"),
+                        assistants={"t": "d"})
+    assert transfer.target_methods(params, "t") == (["ar", "hf-greedy", "toolspec", "hf-pld", "hf-assisted"], [])
     methods, notes = transfer.target_methods(dataclasses.replace(params, warm_tools=True), "t")
-    assert methods == ["ar", "hf-greedy", "toolspec"] and any("cached prefix" in n for n in notes)
+    assert methods == ["ar", "hf-greedy", "toolspec"]
+    assert [n.split()[0] for n in notes] == ["hf-pld", "hf-assisted"] and all("cached prefix" in n for n in notes)
     root = Path(__file__).resolve().parents[2]
     for name, folder in transfer.NAMED_SETS.items():       # every named set loads and names its folders
         p = transfer.load_params(root / name)
