@@ -124,6 +124,24 @@ def target_table(results: dict) -> Table:
                       "ToolSpec's mean time over OoO-Spec's (1.00x: hints changed nothing).")
 
 
+def ratio(cell: dict, num: str, den: str) -> float | None:
+    """``den``'s mean time over ``num``'s in ``cell`` (> 1: ``num`` is faster); None where either is missing."""
+    a, b = dig(cell, "methods", num, "mean_s"), dig(cell, "methods", den, "mean_s")
+    return b / a if a and b else None
+
+
+def gain_table(results: dict) -> Table | None:
+    """Per cell, what the hints add over ToolSpec: the real sidecar's and, as the ceiling, gold hints at time zero."""
+    if not any("ooospec" in c["methods"] and "toolspec" in c["methods"] for c in results["cells"]):
+        return None
+    rows = [[Cell(c["target"]), Cell(bench_name(c)), speedup_cell(ratio(c, "ooospec", "toolspec")),
+             speedup_cell(ratio(c, "ooospec-gold", "toolspec"))] for c in results["cells"]]
+    return Table("gains", "Hint gain per cell (over toolspec)",
+                 ["target", "benchmark", "ooospec / toolspec", "gold at time zero / toolspec (ceiling)"], rows,
+                 lead="ToolSpec's mean time over the method's, same examples, same process (1.00x: hints changed "
+                      "nothing).")
+
+
 def call_table(results: dict) -> Table:
     rows = []
     for c in results["cells"]:
@@ -238,7 +256,9 @@ def setup_table(results: dict) -> Table:
 
 def tables(results: dict) -> list[Table]:
     """Every table of the report, in order (also what the W&B run logs)."""
-    out = [speedup_table(results), median_table(results), target_table(results), call_table(results)]
+    out = [speedup_table(results), median_table(results), target_table(results)]
+    gains = gain_table(results)
+    out += ([gains] if gains is not None else []) + [call_table(results)]
     hints = hint_table(results)
     if hints is not None:
         out.append(hints)
@@ -396,7 +416,7 @@ def markdown(results: dict) -> str:
     for target, verdict, reasons in transfer_notes(results):
         parts.append(f"- **{target}**: {verdict}" + "".join(f" ({i}) {r}" for i, r in enumerate(reasons, 1)))
     parts += ["", "## Targets, calls and hints", ""]
-    parts += [table_markdown(by_slug[s]) + "\n" for s in ("targets", "calls", "hints") if s in by_slug]
+    parts += [table_markdown(by_slug[s]) + "\n" for s in ("targets", "gains", "calls", "hints") if s in by_slug]
     parts += ["## Cells in detail", ""]
     parts += [table_markdown(t) + "\n" for slug, t in by_slug.items() if slug.startswith("cell-")]
     parts += ["## Setup", "", table_markdown(by_slug["setup"]), "",
@@ -561,6 +581,7 @@ for under {WRONG:.0%}, a gold-hint ceiling under {HELPS:.2f}x), plus what the pr
 {honest_html(results)}
 <h2 id="targets">Targets, calls and hints</h2>
 {table_html(by_slug["targets"])}
+{table_html(by_slug["gains"]) if "gains" in by_slug else ""}
 {table_html(by_slug["calls"])}
 {table_html(by_slug["hints"]) if "hints" in by_slug else ""}
 {fig("cost_gain", "What the sidecar costs vs what it saves")}

@@ -114,6 +114,20 @@ def test_hint_table_equals_the_json(results, md):
         assert got["target-side ms (mean)"] == f"{h['mean_target_sidecar_s'] * 1e3:.1f}"
 
 
+def test_gain_table_equals_the_json(results, md):
+    _, rows = md_tables(md)["Hint gain per cell (over toolspec)"]
+    assert len(rows) == len(results["cells"])
+
+    def over_toolspec(c, m):
+        ms = c["methods"]
+        return "-" if m not in ms or "toolspec" not in ms else f"{ms['toolspec']['mean_s'] / ms[m]['mean_s']:.2f}x"
+
+    for row in rows:
+        c = cell_of(results, row[0], row[1])
+        assert row[2:] == [over_toolspec(c, "ooospec"), over_toolspec(c, "ooospec-gold")]
+    assert any(r[2] != "-" for r in rows)
+
+
 def test_target_table_equals_the_json(results, md):
     headers, rows = md_tables(md)["Per target, pooled over its benchmarks"]
     assert [r[0] for r in rows] == results["params"]["targets"]
