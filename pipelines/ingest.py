@@ -3,7 +3,9 @@
     python -m ooospec.pipelines.ingest data/ingest            # reads params.yaml: ingest
     ooospec ingest data/ingest --write-lock                   # re-pin the raw files after pointing at new data
 
-1. Checks every raw file of the selected sources against the committed sha256 lock (``pipelines/sources.lock.json``);
+1. Finds the raw files (``ingest.source``: a folder, or ``auto`` = ``$OOOSPEC_DATASETS`` / ``../shared/datasets``, else
+   the download cache, else a download from the pinned commits; :mod:`ooospec.pipelines.sources.fetch`) and checks
+   every raw file of the selected sources against the committed sha256 lock (``pipelines/sources.lock.json``);
    a missing or changed file stops the stage with the list of offending paths.
 2. Runs each source parser (``pipelines/sources/<name>.py``), validates every record (tools are JSON Schema, gold
    calls validate against their tool), and writes ``records.jsonl`` and ``rejects.jsonl`` (both sorted by id),
@@ -40,7 +42,8 @@ LOCK_FILE = Path(__file__).with_name("sources.lock.json")
 
 @dataclass(frozen=True)
 class IngestParams:
-    source: str = "../shared/datasets"          # folder holding <source>/raw/... (a checkout of the upstream repos)
+    source: str = "auto"    # a folder holding <source>/raw/..., or auto: local folder, cache, else download
+    mirror: str | None = None    # base URL of the download (default GitHub's raw files), laid out <owner>/<repo>/...
     sources: tuple[str, ...] = ("apibank", "toolalpaca", "bfcl", "sealtools", "glaive", "toolrl")
     on_reject: str = "skip"                      # skip | fail
     max_reject_fraction: float = 0.05            # per source, when on_reject == skip
@@ -95,13 +98,26 @@ def check_lock(root: Path, names: list[str], lock: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- the stage
 
+def raw_root(params: IngestParams, names: list[str], lock: dict[str, str]) -> Path:
+    """The folder to read (``ingest.source``, or ``auto`` resolved: :mod:`ooospec.pipelines.sources.fetch`)."""
+    from ooospec.pipelines.sources.fetch import SourceError, resolve_source, selected
+    from ooospec.runtime.paths import cache_dir
+
+    files = selected(lock, (source_registry.SOURCES[n][1] for n in names))
+    try:
+        return resolve_source(params.source, files, cache=cache_dir() / "datasets", mirror=params.mirror)
+    except SourceError as e:
+        raise LockMismatch(str(e)) from None
+
+
 def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metrics/ingest.json"),
         card_path: Path | None = Path("data_cards/ingest.md"), lock: dict[str, str] | None = None,
         check: bool = True) -> dict:
-    root = Path(params.source)
     names = list(params.sources)
+    lock = json.loads(LOCK_FILE.read_text()) if lock is None else lock
+    root = raw_root(params, names, lock)
     if check:
-        check_lock(root, names, json.loads(LOCK_FILE.read_text()) if lock is None else lock)
+        check_lock(root, names, lock)
 
     records: list[dict] = []
     rejects: list[dict] = []
@@ -173,6 +189,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     params = load_section(IngestParams, "ingest", args.params)
     if args.write_lock:
+        if params.source == "auto":
+            raise SystemExit("--write-lock pins the files of a folder you name: set ingest.source to it first")
         lock = compute_lock(Path(params.source), list(params.sources))
         LOCK_FILE.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
         print(f"pinned {len(lock)} files in {LOCK_FILE}")

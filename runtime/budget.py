@@ -53,7 +53,7 @@ for rank 0 and 0.3 for rank 1: node probabilities ``7: 0.8, 3: 0.72, 5: 0.3``. W
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ooospec.runtime.cost_model import ForwardCost
@@ -71,6 +71,32 @@ class Proposal:
     drafter: str                 # the drafter's ``name``
     rank: int                    # its position in that drafter's list (0 = most likely)
     tokens: tuple[int, ...]
+
+
+def collect_proposals(drafters: Sequence, ctx, vocab_size: int, on_fault: Callable[[str, str], None]) -> list[Proposal]:
+    """Every drafter's candidates for ``ctx`` (a :class:`~ooospec.runtime.drafting.DraftContext`) as
+    :class:`Proposal` s, in drafter order, labelled ``name`` or ``name/kind`` (a drafter's ``proposal_kind``).
+
+    A drafter can only change speed, never the output, and it cannot stop generation either: a drafter that raises,
+    or proposes token ids outside ``[0, vocab_size)``, loses that step's candidates (``on_fault(name, what)``) and
+    the step goes on with the others. Both engines call this: the tree engine and the vLLM chain proposer.
+    """
+    proposals: list[Proposal] = []
+    for drafter in drafters:
+        name = getattr(drafter, "name", type(drafter).__name__)
+        try:
+            cands = [tuple(int(t) for t in c) for c in drafter.propose(ctx)]
+        except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
+            on_fault(name, f"raised {type(e).__name__}: {e}")
+            continue
+        valid = [c for c in cands if all(0 <= t < vocab_size for t in c)]
+        if len(valid) < len(cands):
+            bad = next(c for c in cands if c not in valid)
+            on_fault(name, f"proposed token ids outside [0, {vocab_size}) at step {ctx.step}: {bad[:20]}")
+        kind = getattr(drafter, "proposal_kind", None)      # a drafter may class its proposals (hints: by match)
+        label = f"{name}/{kind}" if kind else name
+        proposals.extend(Proposal(label, rank, c) for rank, c in enumerate(valid) if c)
+    return proposals
 
 
 def depth_bucket(depth: int) -> int:

@@ -45,7 +45,7 @@ from typing import Literal
 
 from transformers import PreTrainedModel
 
-from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, plan_tree
+from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, collect_proposals, plan_tree
 from ooospec.runtime.cost_model import ForwardCost, forward_cost
 from ooospec.runtime.drafting import DraftContext, Drafter
 from ooospec.runtime.kv_cache import KVCache, new_kv_cache
@@ -163,22 +163,7 @@ class SpecEngine:
         raises, or proposes token ids outside the vocabulary, loses that step's candidates (counted in
         ``drafter_faults``, warned once per drafter) and the step goes on with the others.
         """
-        proposals: list[Proposal] = []
-        for drafter in self.drafters:
-            name = getattr(drafter, "name", type(drafter).__name__)
-            try:
-                cands = [tuple(int(t) for t in c) for c in drafter.propose(ctx)]
-            except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
-                self._fault(name, f"raised {type(e).__name__}: {e}")
-                continue
-            valid = [c for c in cands if all(0 <= t < self.vocab_size for t in c)]
-            if len(valid) < len(cands):
-                bad = next(c for c in cands if c not in valid)
-                self._fault(name, f"proposed token ids outside [0, {self.vocab_size}) at step {ctx.step}: {bad[:20]}")
-            kind = getattr(drafter, "proposal_kind", None)      # a drafter may class its proposals (hints: by match)
-            label = f"{name}/{kind}" if kind else name
-            proposals.extend(Proposal(label, rank, c) for rank, c in enumerate(valid) if c)
-        return proposals
+        return collect_proposals(self.drafters, ctx, self.vocab_size, self._fault)
 
     def plan(self, root: int, proposals: Sequence[Proposal]) -> tuple[DraftTree, int]:
         """The tree to verify (chosen by the budget policy, or the fixed budget filled round-robin by rank) and

@@ -193,13 +193,15 @@ class SidecarClient:
         layout: the prompt layout to build waves in (:data:`~ooospec.runtime.sidecar_prompts.LAYOUTS`; the one the
             served adapter learned). None = ask the server's ``GET /health`` once, before the first wave: our
             server reports its adapter's ``layout_version``; a server that reports none (vLLM) gets
-            :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION`. The answer is cached (an unreachable server
-            is asked again next wave).
+            :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION`, or ``fallback_layout`` when given (the
+            layout of the adapter that server serves, e.g. :func:`adapter_layout` of the shipped one). The answer
+            is cached (an unreachable server is asked again next wave).
+        fallback_layout: the layout for a server that reports none (vLLM serving our adapter as a LoRA).
     """
 
     def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
                  timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False,
-                 gate: WaveGate | None = None, layout: int | None = None):
+                 gate: WaveGate | None = None, layout: int | None = None, fallback_layout: int | None = None):
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"sidecar url must be http://host:port, got {base_url!r}")
@@ -215,6 +217,7 @@ class SidecarClient:
         self.with_direct_call = with_direct_call
         self.gate = gate
         self.layout = None if layout is None else sp.check_layout(layout)
+        self.fallback_layout = sp.LAYOUT_VERSION if fallback_layout is None else sp.check_layout(fallback_layout)
         self.server_prefix_cache = False     # the server keeps block KV across waves (its /health says so)
         self._layout_lock = threading.Lock()
 
@@ -358,8 +361,8 @@ class SidecarClient:
             try:
                 raw = self._get_health(req)
             except (OSError, http.client.HTTPException) as e:
-                logger.info("sidecar /health unreachable (%r): layout %d for now", e, sp.LAYOUT_VERSION)
-                return sp.LAYOUT_VERSION
+                logger.info("sidecar /health unreachable (%r): layout %d for now", e, self.fallback_layout)
+                return self.fallback_layout
             try:
                 health = json.loads(raw) if raw is not None else None
             except (ValueError, RecursionError):
@@ -371,7 +374,7 @@ class SidecarClient:
                 if isinstance(health, dict) and isinstance(health.get("calibration"), dict):
                     self.gate.calibrate(health["calibration"])     # this machine's wave cost, not the prior's
             if found is None:
-                self.layout = sp.LAYOUT_VERSION
+                self.layout = self.fallback_layout
             else:
                 try:
                     self.layout = sp.check_layout(found)
@@ -446,6 +449,19 @@ class SidecarClient:
         finally:
             req._set_conn(None)
             conn.close()
+
+
+def adapter_layout(adapter: str | os.PathLike | None = None) -> int:
+    """The prompt layout an adapter folder learned (its ``sidecar.json`` ``layout_version``; default the shipped
+    adapter's), so a client of a server that does not report one (vLLM) builds the waves that adapter reads."""
+    from ooospec.runtime.paths import sidecar_adapter_dir
+
+    path = sidecar_adapter_dir(adapter) / "sidecar.json"
+    try:
+        found = json.loads(path.read_text()).get("layout_version")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    return sp.LAYOUT_VERSION if found is None else sp.check_layout(found)
 
 
 def parse_response(raw: bytes, n_prompts: int) -> tuple[list[str], dict]:

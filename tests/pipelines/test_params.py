@@ -27,7 +27,8 @@ def test_coercion_and_defaults():
 
 def test_committed_params_sections_load():
     path = Path(__file__).parents[2] / "params.yaml"
-    assert P.load_section(IngestParams, "ingest", path).source == "../shared/datasets"
+    ingest = P.load_section(IngestParams, "ingest", path)
+    assert (ingest.source, ingest.mirror) == ("auto", None)     # a clone downloads what this workspace has beside it
     P.load_section(DedupeParams, "dedupe", path)
 
 

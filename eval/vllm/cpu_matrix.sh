@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The vLLM report's measurements (eval/reports/vllm/): per target and benchmark, llama.cpp's greedy on the GGUF
+# (`ooospec bench`, main venv) and then vLLM plain / ngram / toolspec / ooospec-oracle (`ooospec vllm-bench`,
+# .venv-vllm) on the same 30 requests, 2 threads, one run at a time. Resumable: a finished cell is skipped.
+#   bash eval/vllm/setup_cpu.sh && bash eval/vllm/cpu_matrix.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-eval/reports/vllm}
+TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
+BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
+LIMIT=${LIMIT:-30}
+METHODS=${METHODS:-vllm,vllm-ngram,toolspec,ooospec-oracle}
+mkdir -p "$OUT"
+for t in $TARGETS; do
+  for b in $BENCHES; do
+    cell="$OUT/${t}_${b}"
+    if [ ! -f "$cell.llamacpp.json" ]; then
+      .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$LIMIT" --methods llama.cpp \
+        --threads 2 --max-new-tokens 128 --no-roofline --out "$cell.llamacpp.json.partial"
+      mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
+    fi
+    if [ ! -f "$cell.json" ]; then
+      .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --methods "$METHODS" \
+        --threads 2 --max-new-tokens 128 --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json"
+    fi
+  done
+done
+echo MATRIX_DONE

@@ -1,0 +1,70 @@
+"""``ooospec vllm-report DIR``: one table over the ``ooospec vllm-bench`` results in DIR (``<target>_<bench>.json``).
+
+Per target and benchmark: llama.cpp's greedy (when the cell joined an ``ooospec bench`` of the same requests),
+vLLM plain, and each speculative method's speedup over vLLM plain and over llama.cpp, its #MAT (tokens per target
+forward), draft tokens accepted per verify step, and exactness against vLLM's greedy output (near-ties / defects).
+Writes ``DIR/table.md`` and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ooospec.eval.reporting import md_table
+
+HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "method", "mean s", "vs vllm", "vs llama.cpp",
+           "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
+
+
+def cells(folder: Path) -> list[dict]:
+    """The vllm-bench results in ``folder``, sorted by target then benchmark."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        if path.name.endswith(".llamacpp.json"):
+            continue
+        data = json.loads(path.read_text())
+        if "methods" in data and "order" in data:
+            out.append(data)
+    return sorted(out, key=lambda d: (d["target"], d["dataset"]))
+
+
+def rows_of(cell: dict) -> list[list]:
+    m = cell["methods"]
+    llama = m.get("llama.cpp", {}).get("mean_s")
+    rows = []
+    for name in cell["order"]:
+        if name == "vllm":
+            continue
+        s = m[name]
+        rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
+                     f"{m['vllm']['mean_s']:.2f}", name, f"{s['mean_s']:.2f}", f"{s['speedup']:.2f}x",
+                     f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",
+                     f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}",
+                     s["near_ties"], s["defects"]])
+    return rows
+
+
+def render(folder: Path) -> str:
+    found = cells(folder)
+    if not found:
+        raise SystemExit(f"{folder}: no vllm-bench results (<target>_<bench>.json)")
+    env = found[0]["env"]
+    cpu = env["cpu"]
+    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, prefix caching off, "
+            f"k = {env['k']} (ngram {env['ngram_k']}), up to {env.get('max_new_tokens', '?')} new tokens; "
+            f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
+    rows = [r for cell in found for r in rows_of(cell)]
+    return head + "\n\n" + md_table(HEADERS, rows, labels=2)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", type=Path, help="folder of vllm-bench results (eval/reports/vllm)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    text = render(args.folder)
+    (args.folder / "table.md").write_text(text + "\n")
+    print(text)
+    return 0

@@ -1,0 +1,14 @@
+"""ooo-spec inside vLLM: the drafters as a ``custom_class`` speculative method (one chain per request and step).
+
+* :mod:`~ooospec.runtime.vllm.chain`: candidates -> the one chain vLLM verifies, and acceptance back (pure).
+* :mod:`~ooospec.runtime.vllm.proposer`: :class:`ChainProposer` (no vLLM import) and :class:`OoOSpecProposer`, the
+  class vLLM builds (``speculative_config.model = "ooospec.runtime.vllm.OoOSpecProposer"``).
+* :mod:`~ooospec.runtime.vllm.plugin`: the ``vllm.general_plugins`` entry point that hands the proposer request ids
+  and ``extra_args``.
+
+Importing this package does not import vLLM.
+"""
+
+from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig
+
+__all__ = ["ChainProposer", "OoOSpecProposer", "ProposerConfig"]

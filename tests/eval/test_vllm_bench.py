@@ -1,0 +1,122 @@
+"""``ooospec vllm-bench`` / ``vllm-report`` without vLLM: engine settings per method, request data, exactness
+classification, summaries, joining llama.cpp rows, --add, and the report table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ooospec.eval import vllm_bench as vb
+from ooospec.eval import vllm_report
+
+
+def test_each_method_gets_its_speculative_config():
+    assert vb.speculative_config("vllm", 16, 8) is None
+    assert vb.speculative_config("vllm-ngram", 16, 8)["method"] == "ngram"
+    assert vb.speculative_config("vllm-ngram", 16, 8)["num_speculative_tokens"] == 8
+    ours = vb.speculative_config("toolspec", 16, 8)
+    assert ours == {"method": "custom_class", "model": vb.PROPOSER, "num_speculative_tokens": 16}
+    assert vb.ooospec_options("toolspec", None, 0.02)["method"] == "toolspec"
+    assert vb.ooospec_options("ooospec-oracle", "http://x:1", 0.0)["method"] == "ooospec"
+    assert "sidecar_url" not in vb.ooospec_options("ooospec-oracle", "http://x:1", 0.0)
+    assert vb.ooospec_options("ooospec", "http://x:1", 0.0)["sidecar_url"] == "http://x:1"
+
+
+def test_the_proposer_class_path_resolves():
+    import importlib
+
+    module, name = vb.PROPOSER.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name).__name__ == name
+
+
+def test_request_xargs_carry_tools_and_the_oracles_hint():
+    record = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f"}}],
+              "messages": [{"role": "user", "content": "hi"}]}
+    assert vb.request_xargs("vllm", record, None) == {}
+    x = vb.request_xargs("toolspec", record, None)
+    assert json.loads(x["ooospec_tools"]) == record["tools"] and "ooospec_hint" not in x
+    assert vb.request_xargs("ooospec-oracle", record, "<tool_call>")["ooospec_hint"] == "<tool_call>"
+    with pytest.raises(ValueError, match="needs the 'vllm' output"):
+        vb.request_xargs("ooospec-oracle", record, None)
+
+
+def _row(rid, method, tokens, time_s=1.0, accepted=0, drafts=0, **kw):
+    return {"record_id": rid, "method": method, "prompt_len": 10, "time_s": time_s, "tokens": tokens, "text": "",
+            "new_tokens": len(tokens), "accepted": accepted, "drafts": drafts, "draft_tokens": drafts * 4,
+            "forwards": max(len(tokens) - accepted, 1), **kw}
+
+
+def test_mismatches_are_near_ties_only_under_the_margin():
+    ref = {"a": _row("a", "vllm", [1, 2, 3], margins=[5.0, 0.1, 4.0]),
+           "b": _row("b", "vllm", [1, 2, 3], margins=[5.0, 3.0, 4.0]),
+           "c": _row("c", "vllm", [1, 2, 3], margins=[5.0, 3.0, 4.0])}
+    rows = [_row("a", "x", [1, 9, 3]), _row("b", "x", [1, 9]), _row("c", "x", [1, 2])]
+    vb.compare(rows, ref, 0.25)
+    assert rows[0]["mismatch"] == {"position": 1, "margin": 0.1, "kind": "near_tie"}
+    assert rows[1]["mismatch"]["kind"] == "defect"          # a wide margin flipped: a defect
+    assert rows[2]["mismatch"]["kind"] == "defect"          # stopped early: never a rounding effect
+    same = [_row("a", "y", [1, 2, 3])]
+    vb.compare(same, ref, 0.25)
+    assert same[0]["exact"] and "mismatch" not in same[0]
+
+
+def test_summary_counts_forwards_and_accepted_per_step():
+    rows = [_row("a", "x", list(range(20)), time_s=1.0, accepted=15, drafts=4),
+            _row("b", "x", list(range(10)), time_s=3.0, accepted=0, drafts=0)]
+    for r in rows:
+        r["exact"] = True
+    s = vb.summarize(rows, ref_mean=4.0)
+    assert s["mat"] == pytest.approx(30 / 15)                 # 30 tokens in 5 + 10 forwards
+    assert s["accepted_per_step"] == pytest.approx(15 / 4)
+    assert s["speedup"] == pytest.approx(2.0)
+    assert s["exact_rate"] == 1.0 and s["defects"] == 0
+
+
+def _results(tmp_path, with_llama: bool):
+    llama = tmp_path / "l.json"
+    llama.write_text(json.dumps({"examples": [{"id": "a", "method": "llama.cpp", "time_s": 2.0, "new_tokens": 3,
+                                               "prompt_tokens": 10},
+                                              {"id": "a", "method": "ar", "time_s": 9.0, "new_tokens": 3}]}))
+    args = argparse.Namespace(target="t", dataset="d", threads=2, dtype="bfloat16", k=16, ngram_k=8,
+                              max_model_len=4096, max_new_tokens=64, chain_cost_slope=0.02)
+    rows = {"vllm": [_row("a", "vllm", [1, 2, 3], time_s=4.0)],
+            "toolspec": [_row("a", "toolspec", [1, 2, 3], time_s=1.0, accepted=2, drafts=1)]}
+    ref = {"a": rows["vllm"][0]}
+    for method_rows in rows.values():
+        vb.compare(method_rows, ref, 0.25)
+    joined = vb.llamacpp_rows(llama, ["a"]) if with_llama else {}
+    return vb.build_results(args, ["vllm", "toolspec"], rows, joined, "hermes")
+
+
+def test_results_join_llamacpp_and_render(tmp_path):
+    res = _results(tmp_path, with_llama=True)
+    assert res["methods"]["toolspec"]["speedup"] == pytest.approx(4.0)
+    assert res["methods"]["toolspec"]["vs_llamacpp"] == pytest.approx(2.0)
+    assert res["methods"]["llama.cpp"]["mean_s"] == pytest.approx(2.0)
+    table = vb.render_table(res)
+    assert "| toolspec | 1 |" in table and "2.00x" in table
+    with pytest.raises(SystemExit, match="no llama.cpp row"):
+        vb.llamacpp_rows(tmp_path / "l.json", ["a", "b"])
+
+
+def test_add_reuses_the_earlier_reference_and_checks_the_requests(tmp_path):
+    out = tmp_path / "cell.json"
+    vb.write_results(out, _results(tmp_path, with_llama=False))
+    assert (tmp_path / "cell.md").is_file()
+    rows = vb.previous_rows(out, [{"id": "a"}], [list(range(10))])
+    assert [r["method"] for r in rows["vllm"]] == ["vllm"] and "toolspec" in rows
+    with pytest.raises(SystemExit, match="other requests"):
+        vb.previous_rows(out, [{"id": "zzz"}], [list(range(10))])
+    with pytest.raises(SystemExit, match="does not exist"):
+        vb.previous_rows(tmp_path / "nope.json", [], [])
+
+
+def test_report_table_over_cells(tmp_path):
+    vb.write_results(tmp_path / "t_d.json", _results(tmp_path, with_llama=True))
+    (tmp_path / "t_d.llamacpp.json").write_text("{}")          # the joined bench files are not cells
+    text = vllm_report.render(tmp_path)
+    assert "| t | d | 1 | 2.00 | 4.00 | toolspec | 1.00 | 4.00x | 2.00x |" in text
+    with pytest.raises(SystemExit, match="no vllm-bench results"):
+        vllm_report.render(tmp_path / "empty")

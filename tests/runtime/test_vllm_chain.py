@@ -1,0 +1,265 @@
+"""ooo-spec inside vLLM, without vLLM: the chain choice (pure), the proposer's request life cycle, and exactness of
+greedy chain verification (what vLLM's rejection sampler does at temperature 0) driven by the proposer on tiny
+models with adversarial hints."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from ooospec.runtime.budget import AcceptanceStats, Proposal
+from ooospec.runtime.formats import hermes
+from ooospec.runtime.tree import build_tree
+from ooospec.runtime.vllm import plugin
+from ooospec.runtime.vllm.chain import (
+    ChainCost,
+    accepted_of,
+    best_chain,
+    chain_outcomes,
+    choose_chain,
+    record_chain,
+)
+from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig, json_arg
+from tests.runtime.chat_tiny import CALL_TEXT, TOOLS, USER, trained_chat_model
+from tests.runtime.conftest import VOCAB, tiny_model
+
+# ------------------------------------------------------------------------------------------ the chain (pure)
+
+
+def test_best_chain_follows_the_docstring_example():
+    tree = build_tree(9, [[7, 3, 5], [4]], 8)
+    probs = [1.0, 0.8, 0.72, 0.5, 0.3]
+    assert best_chain(tree, probs, ChainCost(0.0), 16) == (7, 3, 5)
+    assert best_chain(tree, probs, ChainCost(0.5), 16) == (7, 3)
+    assert best_chain(tree, probs, ChainCost(0.0), 2) == (7, 3)          # never longer than max_len
+    assert best_chain(tree, [1.0, 0.0, 0.0, 0.0, 0.0], ChainCost(0.0), 16) == ()   # nothing expected: no draft
+
+
+def test_best_chain_takes_the_more_probable_branch():
+    tree = build_tree(9, [[7, 3], [5, 6, 8]], 8)      # nodes: 7, 3, 5, 6, 8
+    assert best_chain(tree, [1.0, 0.2, 0.1, 0.9, 0.8, 0.7], ChainCost(0.0), 16) == (5, 6, 8)
+    assert best_chain(tree, [1.0, 0.9, 0.9, 0.5, 0.1, 0.05], ChainCost(0.0), 16) == (7, 3)
+
+
+def test_choose_chain_uses_the_acceptance_estimates():
+    stats = AcceptanceStats()
+    good, bad = Proposal("good", 0, (1, 2, 3)), Proposal("bad", 0, (4, 5, 6))
+    for _ in range(50):
+        stats.record("good", 0, 3, 3)
+        stats.record("bad", 0, 1, 0)
+    assert choose_chain(0, [bad, good], stats, ChainCost(0.0), 16) == (1, 2, 3)
+    assert choose_chain(0, [], stats, ChainCost(0.0), 16) == ()
+    assert choose_chain(0, [good], stats, ChainCost(0.0), 0) == ()
+
+
+def test_accepted_of_reads_vllms_sampled_tokens():
+    assert accepted_of((7, 3, 5), [7, 3, 5, 11]) == 3          # all accepted + the bonus
+    assert accepted_of((7, 3, 5), [7, 4]) == 1                 # one accepted, then the target's own token
+    assert accepted_of((7, 3, 5), [9]) == 0
+    assert accepted_of((), [9]) == 0
+
+
+def test_chain_outcomes_count_only_judged_positions():
+    chain = (7, 3, 5)
+    out = {p.tokens: (t, a) for p, t, a in chain_outcomes(chain, [Proposal("a", 0, (7, 3, 5)),
+                                                                  Proposal("b", 0, (7, 4)),
+                                                                  Proposal("c", 0, (8,))], 2)}
+    assert out == {(7, 3, 5): (3, 2), (7, 4): (1, 1)}
+    stats = AcceptanceStats()
+    record_chain(stats, chain, [Proposal("a", 0, (7, 3, 5))], 2)
+    assert stats.summary()["a"]["trials"] == 3 and stats.summary()["a"]["accepted"] == 2
+
+
+def test_chain_cost_rejects_a_negative_slope():
+    assert ChainCost(0.05).seconds(17) == pytest.approx(1.8)
+    with pytest.raises(ValueError):
+        ChainCost(-0.1)
+
+
+# ------------------------------------------------------------------------------------------ config and inputs
+
+
+def test_config_names_unknown_keys_and_methods():
+    assert ProposerConfig.from_mapping({"method": "ooospec"}).method == "ooospec"
+    with pytest.raises(ValueError, match="unknown ooospec option"):
+        ProposerConfig.from_mapping({"methd": "ooospec"})
+    with pytest.raises(ValueError, match="does not run in vLLM"):
+        ProposerConfig(method="ar")
+
+
+def test_malformed_extra_args_are_ignored_not_fatal(caplog):
+    assert json_arg({"ooospec_tools": "[1, 2"}, "ooospec_tools", list) is None
+    assert json_arg({"ooospec_tools": '{"a": 1}'}, "ooospec_tools", list) is None
+    assert json_arg({"ooospec_tools": TOOLS}, "ooospec_tools", list) == TOOLS
+    assert json_arg({"ooospec_hint": 3}, "ooospec_hint", str) is None
+    assert json_arg(None, "ooospec_hint", str) is None
+    assert "not JSON" in caplog.text
+
+
+def test_the_proposer_refuses_to_start_without_its_plugin(monkeypatch):
+    monkeypatch.setitem(plugin._state, "runner", False)
+    with pytest.raises(RuntimeError, match="plugin is not active"):
+        OoOSpecProposer(object())
+
+
+# ------------------------------------------------------------------------------------------ exactness
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def chain_decode(model, prompt: list[int], n: int, proposer: ChainProposer, req_id: str,
+                 extra: dict | None = None) -> tuple[list[int], int]:
+    """Greedy decoding with one draft chain per step, verified as vLLM does at temperature 0: drafts are kept while
+    they equal the target's argmax, then the target's own token. Returns (output, forwards)."""
+    proposer.start(req_id, len(prompt), extra)
+    tokens = list(prompt)
+    with torch.no_grad():
+        tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))     # the prefill's token
+        sampled, forwards = [tokens[-1]], 1
+        while len(tokens) - len(prompt) < n:
+            chain = proposer.step(req_id, tokens, sampled, room=64)
+            assert len(chain) <= proposer.max_len
+            logits = model(torch.tensor([tokens + chain])).logits[0, len(tokens) - 1:]
+            accepted = []
+            for j, d in enumerate(chain):
+                if int(logits[j].argmax()) != d:
+                    break
+                accepted.append(d)
+            sampled = accepted + [int(logits[len(accepted)].argmax())]
+            tokens += sampled
+            forwards += 1
+    proposer.finish(req_id)
+    return tokens[len(prompt):len(prompt) + n], forwards
+
+
+class _Tok:
+    """Enough of a tokenizer for the request-independent drafters (no FSM: no tools)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % VOCAB for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.mark.parametrize("hint", ["random", "oracle", "shifted", "none"])
+def test_chains_from_any_hint_keep_greedy_output_float64(hint):
+    model = tiny_model("qwen2")
+    rng = random.Random(7)
+    proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes,
+                             config=ProposerConfig(method="ooospec", chain_cost_slope=0.0))
+    for r in range(3):
+        prompt = [rng.randrange(VOCAB) for _ in range(12)] + [5, 6, 7, 5, 6]
+        ref = greedy(model, prompt, 24)
+        text = {"random": "".join(chr(rng.randrange(32, 120)) for _ in range(40)),
+                "oracle": _Tok().decode(ref), "shifted": _Tok().decode(ref[3:]), "none": None}[hint]
+        out, forwards = chain_decode(model, prompt, 24, proposer, f"r{r}", {"ooospec_hint": text} if text else None)
+        assert out == ref
+        if hint == "oracle":
+            assert forwards < 12      # the target's own continuation as hints: long chains accepted
+    assert not proposer.requests    # finished requests are dropped
+
+
+def test_toolspec_and_oracle_hints_on_a_real_call_keep_greedy_output():
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    ref = greedy(model, prompt, 30)
+    assert tok.decode(ref).startswith(CALL_TEXT)
+    runs = {}
+    for method, extra in (("toolspec", {"ooospec_tools": json.dumps(TOOLS)}),
+                          ("ooospec", {"ooospec_tools": json.dumps(TOOLS), "ooospec_hint": CALL_TEXT}),
+                          ("ooospec", {"ooospec_tools": json.dumps(TOOLS), "ooospec_hint": "<tool_call>\n{\"nam"})):
+        proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method=method))
+        out, forwards = chain_decode(model, prompt, 30, proposer, "a", extra)
+        assert out == ref, (method, extra)
+        runs[method, extra.get("ooospec_hint")] = (forwards, proposer.totals["accepted"])
+    plain_forwards = 30
+    assert runs["toolspec", None][0] < plain_forwards            # the FSM's forced pieces were accepted
+    assert runs["ooospec", CALL_TEXT][0] < runs["toolspec", None][0]   # the whole call as hints: fewer forwards
+
+
+def test_a_second_request_learns_from_the_first():
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method="toolspec"))
+    _, first = chain_decode(model, prompt, 30, proposer, "a", {"ooospec_tools": json.dumps(TOOLS)})
+    _, second = chain_decode(model, prompt, 30, proposer, "b", {"ooospec_tools": json.dumps(TOOLS)})
+    assert second < first        # retrieval of the first call (observed at finish) drafts the second
+
+
+def test_a_raising_drafter_loses_its_drafts_not_the_output():
+    model = tiny_model("llama")
+    proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes)
+
+    class Boom:
+        name = "boom"
+
+        def propose(self, ctx):
+            raise RuntimeError("no")
+
+        def observe(self, prompt, output):
+            raise RuntimeError("no")
+
+    class Wild:
+        name = "wild"
+
+        def propose(self, ctx):
+            return [[VOCAB + 5, 1], [-1]]
+
+        def observe(self, prompt, output):
+            pass
+
+    prompt = list(range(10, 30))
+    state = proposer.start("x", len(prompt))
+    state.drafters[:0] = [Boom(), Wild()]
+    proposer.requests.pop("x")
+    orig_start = proposer.start
+    proposer.start = lambda *a, **k: proposer.requests.setdefault("x", state)
+    out, _ = chain_decode(model, prompt, 12, proposer, "x")
+    proposer.start = orig_start
+    assert out == greedy(model, prompt, 12)
+    assert proposer.faults["boom"] >= 1 and proposer.faults["wild"] >= 1
+
+
+def test_a_dead_sidecar_changes_nothing():
+    model, tok = trained_chat_model()
+    from ooospec.runtime.sidecar_client import SidecarClient
+
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    dead = SidecarClient("http://127.0.0.1:9", connect_timeout=0.2, timeout=0.5, layout=3)   # nothing listens
+    proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, sidecar=dead,
+                             config=ProposerConfig(method="ooospec"))
+    extra = {"ooospec_tools": json.dumps(TOOLS), "ooospec_messages": json.dumps(USER)}
+    out, _ = chain_decode(model, prompt, 30, proposer, "a", extra)
+    assert out == greedy(model, prompt, 30)
+
+
+def test_a_vllm_served_sidecar_gets_waves_in_the_shipped_adapters_layout():
+    """vLLM's /health reports no layout: the proposer's client builds waves the shipped adapter reads."""
+    from ooospec.runtime.sidecar_client import adapter_layout
+    from tests.runtime.sidecar_servers import MESSAGES as WAVE_MESSAGES
+    from tests.runtime.sidecar_servers import TOOLS as WAVE_TOOLS
+    from tests.runtime.sidecar_servers import StandIn
+
+    _, tok = trained_chat_model()
+    with StandIn("by_query") as server:
+        proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16,
+                                 config=ProposerConfig(method="ooospec", sidecar_url=server.url))
+        state = proposer.start("a", 5, {"ooospec_tools": json.dumps(WAVE_TOOLS),
+                                        "ooospec_messages": json.dumps(WAVE_MESSAGES)})
+        bank = state.hints.source.wait(30)
+        assert bank is not None and bank.num_tokens > 0          # the wave's answers became hints
+        assert server.received                                   # the wave was sent
+    assert proposer.sidecar.layout == adapter_layout() == 3
