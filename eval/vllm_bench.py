@@ -133,9 +133,14 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
                               extra_args=request_xargs(method, records[0], reference.get(records[0]["id"], {})
                                                        .get("text")) or None)
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
+        sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
         for record, ids in zip(records, prompts):
             ref = reference.get(record["id"], {})
             sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text")) or None)
+            if sidecar:       # the previous request's wave may still run: untimed, let it finish
+                from ooospec.runtime.sidecar_client import wait_idle
+
+                wait_idle(sidecar)
             before = counters(llm)
             t = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
