@@ -279,7 +279,8 @@ def compare(rows: list[dict], reference: dict[str, dict], tie_margin: float) -> 
             margins = ref.get("margins") or []
             margin = margins[pos] if pos < len(margins) else None
             near = margin is not None and margin <= tie_margin and pos < min(len(ref["tokens"]), len(row["tokens"]))
-            row["mismatch"] = {"position": pos, "margin": margin, "kind": "near_tie" if near else "defect"}
+            kind = "near_tie" if near else "defect" if margins else "unclassified"   # served runs keep no margins
+            row["mismatch"] = {"position": pos, "margin": margin, "kind": kind}
 
 
 def summarize(rows: list[dict], ref_mean: float | None) -> dict:
@@ -293,7 +294,8 @@ def summarize(rows: list[dict], ref_mean: float | None) -> dict:
            "draft_tokens_per_step": sum(r["draft_tokens"] for r in rows) / drafts if drafts else 0.0,
            "exact_rate": sum(r.get("exact", True) for r in rows) / len(rows),
            "near_ties": sum(r.get("mismatch", {}).get("kind") == "near_tie" for r in rows),
-           "defects": sum(r.get("mismatch", {}).get("kind") == "defect" for r in rows)}
+           "defects": sum(r.get("mismatch", {}).get("kind") == "defect" for r in rows),
+           "unclassified": sum(r.get("mismatch", {}).get("kind") == "unclassified" for r in rows)}
     if ref_mean:
         out["speedup"] = ref_mean / out["mean_s"]
     return out
@@ -507,6 +509,12 @@ def write_results(out: Path, results: dict) -> None:
     table.write_text(render_table(results) + "\n")
 
 
+def _identical(s: dict) -> str:
+    if "exact_rate" not in s:
+        return ""
+    return f"{s['exact_rate']:.0%}" + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else "")
+
+
 def render_table(results: dict) -> str:
     from ooospec.eval.reporting import md_table
 
@@ -519,7 +527,7 @@ def render_table(results: dict) -> str:
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "",
                      f"{s['mat']:.2f}" if "mat" in s else "",
                      f"{s['accepted_per_step']:.2f}" if "accepted_per_step" in s else "",
-                     f"{s['exact_rate']:.0%}" if "exact_rate" in s else "",
+                     _identical(s),
                      s.get("near_ties", ""), s.get("defects", "")])
     return head + "\n\n" + md_table(["method", "n", "mean s", "median s", "vs vllm", "vs llama.cpp", "#MAT",
                                      "accepted / verify step", "identical to vllm", "near-ties", "defects"], rows)

@@ -41,7 +41,8 @@ def rows_of(cell: dict) -> list[list]:
         rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
                      f"{m['vllm']['mean_s']:.2f}", name, f"{s['mean_s']:.2f}", f"{s['speedup']:.2f}x",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",
-                     f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}",
+                     f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}"
+                     + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else ""),
                      s["near_ties"], s["defects"]])
     return rows
 

@@ -120,3 +120,11 @@ def test_report_table_over_cells(tmp_path):
     assert "| t | d | 1 | 2.00 | 4.00 | toolspec | 1.00 | 4.00x | 2.00x |" in text
     with pytest.raises(SystemExit, match="no vllm-bench results"):
         vllm_report.render(tmp_path / "empty")
+
+
+def test_a_reference_without_margins_leaves_mismatches_unclassified():
+    ref = {"a": _row("a", "vllm", [1, 2, 3])}          # a served run: no logprobs kept
+    rows = [_row("a", "x", [1, 9, 3])]
+    vb.compare(rows, ref, 0.25)
+    assert rows[0]["mismatch"]["kind"] == "unclassified"
+    assert vb.summarize(rows, None)["unclassified"] == 1 and vb.summarize(rows, None)["defects"] == 0
