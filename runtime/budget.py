@@ -176,19 +176,26 @@ def choose_nodes(tree: DraftTree, probs: Sequence[float], cost: ForwardCost, max
     return [0] + sorted(order[:k])
 
 
+def planned_probabilities(full: DraftTree, proposals: Sequence[Proposal], stats: AcceptanceStats,
+                          max_depth: int) -> list[float]:
+    """:func:`node_probabilities` of ``full`` with the planned prefix probabilities of ``stats`` (one product per
+    drafter and rank bucket, cut per proposal). The tree engine and the vLLM chain proposer both plan with it."""
+    table: dict[tuple[str, int], list[float]] = {}
+    for p in proposals:
+        key = (p.drafter, rank_bucket(p.rank))
+        if key not in table:
+            table[key] = stats.prefix_probs(p.drafter, p.rank, max_depth)
+    return node_probabilities(full, proposals, [table[p.drafter, rank_bucket(p.rank)][:len(p.tokens)]
+                                                for p in proposals])
+
+
 def plan_tree(full: DraftTree, proposals: Sequence[Proposal], stats: AcceptanceStats, cost: ForwardCost,
               max_nodes: int, max_depth: int) -> DraftTree:
     """The part of ``full`` (the :func:`candidate_tree` of ``proposals``) to verify this step; the root alone
     when nothing pays (see the module docstring)."""
     if full.num_nodes == 1:
         return full
-    table: dict[tuple[str, int], list[float]] = {}       # one product per drafter and rank bucket, cut per proposal
-    for p in proposals:
-        key = (p.drafter, rank_bucket(p.rank))
-        if key not in table:
-            table[key] = stats.prefix_probs(p.drafter, p.rank, max_depth)
-    probs = node_probabilities(full, proposals, [table[p.drafter, rank_bucket(p.rank)][:len(p.tokens)]
-                                                 for p in proposals])
+    probs = planned_probabilities(full, proposals, stats, max_depth)
     nodes = choose_nodes(full, probs, cost, max_nodes, stats.root_tie_rate(), stats.efficiency())
     stats.planned_tokens = 1.0 + sum(probs[i] for i in nodes[1:])   # what this tree is expected to commit
     return subtree(full, nodes)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, node_probabilities, rank_bucket
+from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, planned_probabilities
 from ooospec.runtime.tree import DraftTree
 
 
@@ -86,14 +86,7 @@ def choose_chain(root: int, proposals: Sequence[Proposal], stats: AcceptanceStat
     full = candidate_tree(root, proposals, max_len)
     if full.num_nodes == 1:
         return ()
-    table: dict[tuple[str, int], list[float]] = {}
-    for p in proposals:
-        key = (p.drafter, rank_bucket(p.rank))
-        if key not in table:
-            table[key] = stats.prefix_probs(p.drafter, p.rank, max_len)
-    probs = node_probabilities(full, proposals, [table[p.drafter, rank_bucket(p.rank)][:len(p.tokens)]
-                                                 for p in proposals])
-    return best_chain(full, probs, cost, max_len)
+    return best_chain(full, planned_probabilities(full, proposals, stats, max_len), cost, max_len)
 
 
 def accepted_of(chain: Sequence[int], sampled: Sequence[int]) -> int:
