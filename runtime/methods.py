@@ -120,7 +120,6 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("llama.cpp", "llama-cpp-python Llama.generate, greedy, on the target's GGUF", peer="llama.cpp"),
     Method("llama.cpp-pld", "llama-cpp-python prompt-lookup speculation", peer="llama.cpp"),
 )}
-METHODS = REGISTRY    # the name the engine's docs and tests use: ``METHODS["ar"](model)``
 SERVED: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.served)
 ENGINE_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.is_engine)
 # where hints come from, in registry order (``ooospec bench --hints`` reads its choices here)

@@ -13,15 +13,16 @@
 (:mod:`ooospec.runtime.sidecar_client`) builds and joins them -- all with this module. It imports no torch
 (``tests/runtime/test_sidecar_prompts.py`` checks), so a client process never loads a model stack.
 
-Layout (``LAYOUT_VERSION`` 2, "context first"): every query of a request shares ONE block of text -- the
-conversation, then every tool with its parameters -- followed by a short per-slot query line. The block is
+Layout 2, "context first": every query of a request shares ONE block of text -- the conversation, then every tool
+with its parameters -- followed by a short per-slot query line. The block is
 byte-identical for all queries of a request, so its KV is computed once: the runtime's wave
 (:mod:`ooospec.runtime.sidecar`) prefills the block and decodes every answer as a branch of one tree, and
 training packs a request's block and all its query/answer segments into one sequence
 (:mod:`ooospec.pipelines.packing`). An adapter records the layout it was trained on; the runtime builds that one.
 
-Layouts (:data:`LAYOUTS`): 2 "context first" (above, the default: :data:`LAYOUT_VERSION`) and 3 "tools first"
-(the same two sections in the other order: tools, then conversation; same views, query lines and answers). An
+Layouts (:data:`LAYOUTS`): 2 "context first" (above) and 3 "tools first" (the default, :data:`LAYOUT_VERSION`, and
+the shipped adapter's: the same two sections in the other order, tools then conversation; same views, query lines
+and answers). An
 agent keeps one toolbox across thousands of requests, so a tools-first block starts with text that repeats
 across requests (a server may reuse its KV; this module only builds the texts). Every builder takes a
 ``layout`` argument (default :data:`LAYOUT_VERSION`).
@@ -55,8 +56,8 @@ that ``block + query`` tokenizes as ``block`` then ``query`` under byte-level BP
 
 Worked example. Messages ``[{"role": "user", "content": "Weather in Paris,\\n in celsius?"}]``, tools
 ``get_weather(city: string, unit?: "celsius"|"fahrenheit")`` and ``get_time(tz: string)``. The block of layout 2
-("context first", the default) is the first eight lines below, from ``Conversation:`` to ``tz``; the block of
-layout 3 ("tools first") is the same two sections in the other order, the last eight lines, from ``Tools:`` on::
+("context first") is the first eight lines below, from ``Conversation:`` to ``tz``; the block of layout 3 ("tools
+first", the default) is the same two sections in the other order, the last eight lines, from ``Tools:`` on::
 
     Conversation:
     user: Weather in Paris, in celsius?
@@ -93,7 +94,8 @@ FORMS: tuple[Form, ...] = ("function_index", "argument", "direct_call")
 WAVE_FORMS: tuple[Form, ...] = ("function_index", "argument")   # what the runtime asks at request arrival
 
 LAYOUTS: dict[int, str] = {2: "context first", 3: "tools first"}   # every layout this module builds
-LAYOUT_VERSION = 2              # the default layout (what new training uses); a new text change is a new layout
+LAYOUT_VERSION = 3              # the default layout: what new training uses and the shipped adapter learned (a new
+                                # text change is a new layout)
 MAX_CONTEXT_CHARS = 3000        # conversation view budget (characters, after whitespace collapsing)
 MAX_DESCRIPTION_CHARS = 120     # per tool / parameter description
 MAX_ENUM_VALUES = 12            # enum values shown in a type view, then "|..."

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The vLLM report's measurements (eval/reports/vllm/): per target and benchmark, llama.cpp's greedy on the GGUF
 # (`ooospec bench`, main venv) and then vLLM plain / ngram / toolspec / ooospec-oracle (`ooospec vllm-bench`,
-# .venv-vllm) on the same 30 requests, 2 threads, one run at a time. Resumable: a finished cell is skipped.
+# .venv-vllm) on the same 30 requests, 2 threads, one run at a time, then vllm-prefill (one new token: the prompt's
+# forward, for decode-only speedups). Resumable: a finished cell is skipped.
 #   bash eval/vllm/setup_cpu.sh && bash eval/vllm/cpu_matrix.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -9,7 +10,7 @@ OUT=${OUT:-eval/reports/vllm}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
 LIMIT=${LIMIT:-30}
-METHODS=${METHODS:-vllm,vllm-ngram,toolspec,ooospec-oracle}
+METHODS=${METHODS:-vllm,vllm-ngram,toolspec,ooospec-oracle,vllm-prefill}
 mkdir -p "$OUT"
 for t in $TARGETS; do
   for b in $BENCHES; do

@@ -117,7 +117,7 @@ def test_report_table_over_cells(tmp_path):
     vb.write_results(tmp_path / "t_d.json", _results(tmp_path, with_llama=True))
     (tmp_path / "t_d.llamacpp.json").write_text("{}")          # the joined bench files are not cells
     text = vllm_report.render(tmp_path)
-    assert "| t | d | 1 | 2.00 | 4.00 | toolspec | 1.00 | 4.00x | 2.00x |" in text
+    assert "| t | d | 1 | 2.00 | 4.00 |  | toolspec | 1.00 | 4.00x |  | 2.00x |" in text
     with pytest.raises(SystemExit, match="no vllm-bench results"):
         vllm_report.render(tmp_path / "empty")
 
@@ -128,3 +128,27 @@ def test_a_reference_without_margins_leaves_mismatches_unclassified():
     vb.compare(rows, ref, 0.25)
     assert rows[0]["mismatch"]["kind"] == "unclassified"
     assert vb.summarize(rows, None)["unclassified"] == 1 and vb.summarize(rows, None)["defects"] == 0
+
+
+def test_prefill_rows_give_decode_speedups_and_are_no_method_row(tmp_path):
+    """``vllm-prefill`` (one new token on the plain engine) times the prompt's forward: decode speedups leave it out."""
+    assert vb.speculative_config(vb.PREFILL, 16, 8) is None
+    args = argparse.Namespace(target="t", dataset="d", threads=2, dtype="bfloat16", k=16, ngram_k=8,
+                              max_model_len=4096, max_new_tokens=64, chain_cost_slope=0.02)
+    rows = {"vllm": [_row("a", "vllm", [1, 2, 3], time_s=4.0), _row("b", "vllm", [1, 2], time_s=6.0)],
+            "toolspec": [_row("a", "toolspec", [1, 2, 3], time_s=2.0, accepted=2, drafts=1),
+                         _row("b", "toolspec", [1, 2], time_s=2.0, accepted=1, drafts=1)],
+            vb.PREFILL: [_row("a", vb.PREFILL, [1], time_s=1.0), _row("b", vb.PREFILL, [1], time_s=2.0)]}
+    ref = {r["record_id"]: r for r in rows["vllm"]}
+    vb.compare(rows["vllm"], ref, 0.25)
+    vb.compare(rows["toolspec"], ref, 0.25)
+    res = vb.build_results(args, ["vllm", "toolspec", vb.PREFILL], rows, {}, "hermes")
+    m = res["methods"]
+    assert m[vb.PREFILL]["mean_s"] == pytest.approx(1.5) and m[vb.PREFILL]["share_of_reference"] == pytest.approx(0.3)
+    assert m["toolspec"]["speedup"] == pytest.approx(2.5)
+    assert m["toolspec"]["decode_speedup"] == pytest.approx((5.0 - 1.5) / (2.0 - 1.5))
+    assert m["vllm"]["decode_speedup"] == pytest.approx(1.0)
+    vb.write_results(tmp_path / "t_d.json", res)
+    text = vllm_report.render(tmp_path)
+    assert "| t | d | 2 |  | 5.00 | 1.50 | toolspec | 2.00 | 2.50x | 7.00x |" in text
+    assert "vllm-prefill" not in text.split("\n", 2)[2]          # a column, not a row

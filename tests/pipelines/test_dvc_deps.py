@@ -236,3 +236,24 @@ def test_stage_depends_on_its_import_closure(address, modules, deps):
     missing = [p for p in needed if not covered(p, deps)]
     assert not missing, (f"{address} runs {', '.join(modules)} but its deps miss {len(missing)} imported "
                          "file(s); add them (or a folder above them) to its deps:\n  " + "\n  ".join(missing))
+
+
+CODE_FOLDERS = ("pipelines/", "runtime/", "eval/", "ooospec/")
+
+
+def _is_code_dep(dep: str) -> bool:
+    """A dep on the package's code: a ``.py`` file, or a folder holding some, under one of the package folders."""
+    if not dep.startswith(CODE_FOLDERS):
+        return False
+    path = ROOT / dep
+    return dep.endswith(".py") or (path.is_dir() and any(path.rglob("*.py")))
+
+
+@pytest.mark.parametrize("address, modules, deps", STAGES, ids=[s[0] for s in STAGES])
+def test_stage_has_no_code_deps_it_does_not_import(address, modules, deps):
+    """A code dep outside the import closure re-runs the stage (a transfer matrix, a training run) for nothing."""
+    dirs = package_dirs()
+    needed = {p.relative_to(ROOT).as_posix() for m in modules for p in import_closure(m, dirs)}
+    extra = [d for d in deps if _is_code_dep(d) and not any(covered(n, [d]) for n in needed)]
+    assert not extra, (f"{address} runs {', '.join(modules)} but depends on code it never imports; drop from its "
+                       "deps:\n  " + "\n  ".join(extra))

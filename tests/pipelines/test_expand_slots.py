@@ -24,7 +24,7 @@ def _rows(record, params=NO_CAP, split="train"):
 
 def test_known_record_row_is_the_wave_with_gold_answers():
     # records are stored as canonical JSON (sorted keys), so schema properties come in alphabetical order
-    (row,) = _rows(RECORDS[WEATHER_ID])
+    (row,) = _rows(RECORDS[WEATHER_ID], dataclasses.replace(NO_CAP, layout=2))   # 3: tests/runtime/test_layouts.py
     assert row["id"] == f"{WEATHER_ID}#0" and row["function"] == "getCurrentWeather"
     assert row["block"] == (
         "Conversation:\n"
@@ -48,7 +48,8 @@ def test_known_record_row_is_the_wave_with_gold_answers():
         ("argument", "getForecast", "location"): "null",
         ("direct_call", None, None):
             '{"name":"getCurrentWeather","arguments":{"location":"Lisbon","units":"imperial"}}'}
-    wave = sp.build_wave(RECORDS[WEATHER_ID]["messages"], RECORDS[WEATHER_ID]["tools"], with_direct_call=True)
+    wave = sp.build_wave(RECORDS[WEATHER_ID]["messages"], RECORDS[WEATHER_ID]["tools"], with_direct_call=True,
+                         layout=2)
     assert [s["query"] for s in row["slots"]] == [q.text for q in wave.queries]
     assert row["block"] == wave.block
 

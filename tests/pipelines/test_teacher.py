@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -235,8 +236,10 @@ def test_transformers_stops_at_end_of_call_only_for_single_call_records(monkeypa
 
 # ---------------------------------------------------------------- vllm backend against a fake vllm module
 
-def test_vllm_backend_chunks_token_prompts(monkeypatch, tiny_target, tmp_path):
-    """The offline-LLM call convention, checked against a stand-in module (vllm itself needs a GPU)."""
+@pytest.mark.parametrize("on_cpu", [False, True])
+def test_vllm_backend_chunks_token_prompts(monkeypatch, tiny_target, tmp_path, on_cpu):
+    """The offline-LLM call convention, checked against a stand-in module; on vLLM's CPU backend the engine gets
+    the threads, KV-cache space and in-process engine core by env defaults (a user's exported values win)."""
     import sys
     import types
 
@@ -263,14 +266,28 @@ def test_vllm_backend_chunks_token_prompts(monkeypatch, tiny_target, tmp_path):
                                      finish_reason="stop")])
                     for p in prompts]
 
+    platform = types.SimpleNamespace(is_cpu=lambda: on_cpu)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))
+    for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")      # the user's own value is kept
     params = teacher.TeacherParams(backend="vllm", model="Qwen/Qwen2.5-32B-Instruct", max_new_tokens=7,
-                                   batch_size=3, tensor_parallel_size=2)
+                                   batch_size=3, tensor_parallel_size=2, threads=2, max_model_len=4096)
     out, stats = _run(params, tmp_path)
-    assert made == [{"model": "Qwen/Qwen2.5-32B-Instruct", "tensor_parallel_size": 2, "seed": 0, "dtype": "auto"}]
+    assert made == [{"model": "Qwen/Qwen2.5-32B-Instruct", "tensor_parallel_size": 2, "seed": 0, "dtype": "auto",
+                     "max_model_len": 4096, "max_num_seqs": 3}]
     assert batches == [3, 3, 2] and stats["num_traces"] == len(RECORDS)
     for row in read_jsonl(out):
         assert row["text"] == f"n={row['num_prompt_tokens']}" and row["format"] == "hermes"
+    env = {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+                                          "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    if on_cpu:
+        assert env == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "7",
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    else:
+        assert env == {"VLLM_CPU_OMP_THREADS_BIND": None, "VLLM_CPU_KVCACHE_SPACE": "7",
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": None}
 
 
 # ---------------------------------------------------------------- openai backend against a local server

@@ -14,7 +14,6 @@ from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.packing import IGNORE, pack_rows
 from ooospec.pipelines.recipe import load_recipe, recipe_from_dict
 from ooospec.pipelines.slot_rows import read_request_rows
-from ooospec.runtime import sidecar_prompts as sp
 
 torch.set_num_threads(1)
 
@@ -75,7 +74,7 @@ def test_run_writes_adapter_metrics_and_resume_reproduces_the_uninterrupted_run(
     for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "sidecar.json"):
         assert (out / "adapter" / name).is_file(), name
     meta = json.loads((out / "adapter" / "sidecar.json").read_text())
-    assert meta["layout_version"] == sp.LAYOUT_VERSION and meta["base"] == str(base)
+    assert meta["layout_version"] == 2 and meta["base"] == str(base)   # the fixture's rows: no "layout" key = 2
     assert load_recipe(out / "recipe.yaml") == recipe
     assert json.loads((out / "params.json").read_text())["train_sidecar"]["max_train_requests"] == 8
     w_full = load_file(out / "adapter" / "adapter_model.safetensors")

@@ -21,7 +21,7 @@ from ooospec.runtime.hints import (
     render_views,
     tokenize_views,
 )
-from ooospec.runtime.methods import METHODS, make_engine
+from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import VOCAB
@@ -165,7 +165,7 @@ def reference(request):
             model = tiny_model(family)
             rng = random.Random(7)
             prompt = [rng.randrange(VOCAB) for _ in range(12)]
-            ar = METHODS["ar"](model).generate(prompt, N_NEW).tokens
+            ar = REGISTRY["ar"](model).generate(prompt, N_NEW).tokens
             assert ar == _hf_greedy(model, prompt, N_NEW)
             cache[family] = (model, prompt, ar)
         return cache[family]

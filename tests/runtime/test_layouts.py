@@ -30,9 +30,12 @@ TIME = {"type": "function", "function": {
 DOC_MESSAGES = [{"role": "user", "content": "Weather in Paris,\n in celsius?"}]
 
 
-def test_layouts_are_known_and_the_default_is_unchanged():
-    assert sp.LAYOUTS == {2: "context first", 3: "tools first"} and sp.LAYOUT_VERSION == 2
-    assert sp.build_wave(MESSAGES, TOOLS) == sp.build_wave(MESSAGES, TOOLS, layout=2)
+def test_layouts_are_known_and_the_default_is_the_shipped_adapters():
+    from ooospec.runtime.sidecar_client import adapter_layout
+
+    assert sp.LAYOUTS == {2: "context first", 3: "tools first"}
+    assert sp.LAYOUT_VERSION == adapter_layout() == 3        # one default: what ships (adapters/sidecar/sidecar.json)
+    assert sp.build_wave(MESSAGES, TOOLS) == sp.build_wave(MESSAGES, TOOLS, layout=3)
     for bad in (1, 9, True, "3", None):
         with pytest.raises(ValueError, match="unknown sidecar prompt layout"):
             sp.build_wave(MESSAGES, TOOLS, layout=bad)
@@ -164,7 +167,8 @@ def test_expand_slots_layout_3_rows_follow_the_tools_first_block(tmp_path):
 
 def test_layout_2_rows_are_as_before_and_mixed_rows_are_refused():
     rec = next(iter(read_jsonl(FIXTURE)))
-    row2 = expand_slots.record_rows(rec, expand_slots.ExpandSlotsParams(heldout_fraction=0.0), "heldout")[0][0]
+    row2 = expand_slots.record_rows(rec, expand_slots.ExpandSlotsParams(heldout_fraction=0.0, layout=2),
+                                    "heldout")[0][0]
     assert "layout" not in row2 and row_layout(row2) == 2
     row3 = expand_slots.record_rows(rec, expand_slots.ExpandSlotsParams(heldout_fraction=0.0, layout=3),
                                     "heldout")[0][0]
@@ -184,7 +188,7 @@ def test_training_records_the_rows_layout(tmp_path):
     (tmp_path / sp.METADATA_FILE).write_text(json.dumps(meta))
     assert sp.read_metadata(tmp_path)["layout_version"] == 3
     params = ts.TrainSidecarParams(recipe="<tiny>", max_train_requests=8, seed=3, threads=1, resume=True)
-    assert ts.run_fingerprint(params, recipe, "x") == ts.run_fingerprint(params, recipe, "x", 2)   # as before
+    assert ts.run_fingerprint(params, recipe, "x") == ts.run_fingerprint(params, recipe, "x", sp.LAYOUT_VERSION)
     assert ts.run_fingerprint(params, recipe, "x", 3) != ts.run_fingerprint(params, recipe, "x", 2)
 
 
@@ -193,6 +197,7 @@ def test_eval_refuses_rows_in_another_layout_than_the_adapters(tmp_path):
 
     (tmp_path / sp.METADATA_FILE).write_text(json.dumps({"layout_version": 3, "base": "b"}))
     rec = next(iter(read_jsonl(FIXTURE)))
-    rows = expand_slots.record_rows(rec, expand_slots.ExpandSlotsParams(heldout_fraction=0.0), "heldout")[0]
+    rows = expand_slots.record_rows(rec, expand_slots.ExpandSlotsParams(heldout_fraction=0.0, layout=2),
+                                    "heldout")[0]
     with pytest.raises(ValueError, match="learned prompt layout 3"):   # before any model is loaded
         ev.run(ev.EvalSidecarParams(), rows, tmp_path, tmp_path / "m.json")

@@ -25,7 +25,7 @@ else:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (python -m ooospec.llamacpp_install)")
 
 from ooospec.runtime.llamacpp import LlamaCppTarget, greedy_reference
-from ooospec.runtime.methods import METHODS, make_engine
+from ooospec.runtime.methods import REGISTRY, make_engine
 from tests.runtime.tiny_gguf import make_tiny_gguf, quantize
 
 FORMATS = ["F32", "Q8_0", "Q4_0"]
@@ -67,7 +67,7 @@ def test_ar_equals_plain_llama_cpp_greedy(targets, fmt):
     target = targets[fmt]
     for seed in range(3):
         prompt = _prompt(seed, 40)
-        ours = METHODS["ar"](target).generate(prompt, 24).tokens
+        ours = REGISTRY["ar"](target).generate(prompt, 24).tokens
         ref, _, _ = greedy_reference(target, prompt, 24, eos_token_ids=[])
         assert ours == ref
 
@@ -78,7 +78,7 @@ def test_adversarial_drafts_leave_the_output_unchanged(targets, fmt, kind):
     target = targets[fmt]
     for seed in range(2):
         prompt = _prompt(100 + seed, 30)
-        ar = METHODS["ar"](target).generate(prompt, 400).tokens
+        ar = REGISTRY["ar"](target).generate(prompt, 400).tokens
         reference = prompt + ar
         engine = make_engine(target, [adversarial_drafter(kind, reference, seed)], policy="fixed",
                              max_draft_nodes=24, max_depth=8)
@@ -134,25 +134,25 @@ def test_a_cache_that_lost_the_context_starts_over(targets):
     """Two caches of one target: each use by the other empties it, the engine re-prefills, output unchanged."""
     target = targets["F32"]
     prompt = _prompt(21, 30)
-    first, second = METHODS["ar"](target), METHODS["ar"](target)
+    first, second = REGISTRY["ar"](target), REGISTRY["ar"](target)
     a1 = first.generate(prompt, 10).tokens
     b = second.generate(_prompt(22, 25), 10).tokens
     cont = prompt + a1 + [a1[-1]]
     a2 = first.generate(cont, 5, cache=first.kv)   # first's cache was taken: nothing to reuse
     assert a2.num_cached == 0
-    assert a2.tokens == METHODS["ar"](target).generate(cont, 5).tokens
-    assert b == METHODS["ar"](target).generate(_prompt(22, 25), 10).tokens
+    assert a2.tokens == REGISTRY["ar"](target).generate(cont, 5).tokens
+    assert b == REGISTRY["ar"](target).generate(_prompt(22, 25), 10).tokens
 
 
 def test_continuing_from_the_cache_reuses_the_prefix(targets):
     target = targets["Q8_0"]
-    engine = METHODS["pld"](target)
+    engine = REGISTRY["pld"](target)
     prompt = _prompt(31, 40)
     out = engine.generate(prompt, 12)
     follow = prompt + out.tokens + _prompt(32, 5)
     again = engine.generate(follow, 8, cache=engine.kv)
     assert again.num_cached == len(prompt) + len(out.tokens) - 1
-    assert again.tokens == METHODS["ar"](target).generate(follow, 8).tokens
+    assert again.tokens == REGISTRY["ar"](target).generate(follow, 8).tokens
 
 
 def test_errors_are_clear(tmp_path, targets):

@@ -47,13 +47,13 @@ def test_every_cli_reads_its_choices_from_the_registry():
 
 def test_request_independent_methods_are_engines_and_per_request_ones_refuse():
     model, _ = trained_chat_model()
-    assert methods.METHODS["ar"](model).drafters == []
-    pld = methods.METHODS["pld-fixed"](model)
+    assert methods.REGISTRY["ar"](model).drafters == []
+    pld = methods.REGISTRY["pld-fixed"](model)
     assert [type(d) for d in pld.drafters] == [PromptLookupDrafter]
     assert (pld.policy, pld.max_draft_nodes) == ("fixed", methods.FIXED_NODES)
     for name in ("toolspec", "ooospec"):
         with pytest.raises(ValueError, match="built per request"):
-            methods.METHODS[name](model)
+            methods.REGISTRY[name](model)
     with pytest.raises(ValueError, match="a peer"):
         methods.RequestDecoder("llama.cpp", model)
 

@@ -57,7 +57,7 @@ def test_wave_rejects_empty_inputs(make_model):
 
 
 def test_layout_version_is_checked(tmp_path):
-    (tmp_path / "sidecar.json").write_text(json.dumps({"layout_version": sp.LAYOUT_VERSION - 1}))
+    (tmp_path / "sidecar.json").write_text(json.dumps({"layout_version": 1}))      # no such layout
     with pytest.raises(LayoutMismatch, match="layout"):
         read_metadata(tmp_path)
     (tmp_path / "sidecar.json").write_text(json.dumps({"layout_version": sp.LAYOUT_VERSION, "base": "x"}))

@@ -13,7 +13,7 @@ import pytest
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintDrafter, render_views, tokenize_views
-from ooospec.runtime.methods import METHODS, make_engine
+from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from ooospec.runtime.sidecar_client import SidecarClient, free_port, parse_response, start_server
 from tests.pipelines.sidecar_tiny import byte_tokenizer
@@ -29,7 +29,7 @@ def target():
     """``(model, tokenizer, prompt ids, AR output)``: a tiny float64 target with a byte tokenizer."""
     model, tok = tiny_model("llama"), byte_tokenizer()
     prompt = tok("user: Weather in Paris, in celsius?\nassistant: ", add_special_tokens=False)["input_ids"]
-    return model, tok, prompt, METHODS["ar"](model).generate(prompt, N_NEW).tokens
+    return model, tok, prompt, REGISTRY["ar"](model).generate(prompt, N_NEW).tokens
 
 
 def run_target(target, req):

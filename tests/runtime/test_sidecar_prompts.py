@@ -33,7 +33,7 @@ BLOCK = ("Conversation:\n"
 
 
 def test_wave_is_the_documented_example():
-    wave = sp.build_wave(MESSAGES, TOOLS, with_direct_call=True)
+    wave = sp.build_wave(MESSAGES, TOOLS, with_direct_call=True, layout=2)
     assert wave.block == BLOCK
     assert [(q.form, q.function, q.parameter, q.text) for q in wave.queries] == [
         ("function_index", None, None, "Query: tool index\n"),

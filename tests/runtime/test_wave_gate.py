@@ -15,7 +15,7 @@ from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.engine import GenerationResult, StepStats
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintDrafter, HintStats
-from ooospec.runtime.methods import METHODS, make_engine
+from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from ooospec.runtime.sidecar_client import RequestStats, SidecarClient
 from ooospec.runtime.wave_gate import (
@@ -266,7 +266,7 @@ GATES = {"off": None, "skip": SHARED, "slots": SPLIT, "index": INDEX_ONLY}
 def target():
     model, tok = tiny_model("llama"), byte_tokenizer()
     prompt = tok("user: Weather in Paris, in celsius?\nassistant: ", add_special_tokens=False)["input_ids"]
-    return model, tok, prompt, METHODS["ar"](model).generate(prompt, 24).tokens
+    return model, tok, prompt, REGISTRY["ar"](model).generate(prompt, 24).tokens
 
 
 @pytest.mark.parametrize("mode", list(GATES))
