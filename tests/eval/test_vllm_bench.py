@@ -152,3 +152,33 @@ def test_prefill_rows_give_decode_speedups_and_are_no_method_row(tmp_path):
     text = vllm_report.render(tmp_path)
     assert "| t | d | 2 |  | 5.00 | 1.50 | toolspec | 2.00 | 2.50x | 7.00x |" in text
     assert "vllm-prefill" not in text.split("\n", 2)[2]          # a column, not a row
+
+
+def test_warm_tools_caches_the_toolbox_block_only(tmp_path):
+    """``--warm-tools``: prefix caching on; the block is the prompt's system + tools prefix, as ``ooospec bench``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ooospec.runtime import formats
+
+    vocab = {c: i for i, c in enumerate(sorted(set(pre_tokenizers.ByteLevel.alphabet())))}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+    tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                         "{% if tools %}<tools>{{ tools | tojson }}{% endif %}<go>")
+    fmt = formats.get_format("json")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    recs = [{"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": q}], "tools": tools}
+            for q in ("alpha", "beta")]
+    prompts = [tok(fmt.render_prompt(tok, r["messages"], r["tools"]), add_special_tokens=False)["input_ids"]
+               for r in recs]
+    blocks = vb.toolbox_blocks(recs, prompts, tok, fmt)
+    assert blocks[0] == blocks[1] and 0 < blocks[0] < min(map(len, prompts))
+    assert prompts[0][:blocks[0]] == prompts[1][:blocks[1]]          # the shared system block, not the question
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url=None, warm_tools=True)
+    assert vb.engine_kwargs(args, "toolspec")["enable_prefix_caching"] is True
+    args.warm_tools = False
+    assert vb.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
+    assert vb.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"
