@@ -60,8 +60,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ooospec.eval.reporting import md_table, pct
 from ooospec.pipelines.records import load_records, write_json
+from ooospec.reporting import md_table, pct
 from ooospec.runtime.methods import SERVED
 
 logger = logging.getLogger(__name__)

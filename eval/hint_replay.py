@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ooospec.eval.reporting import md_table
+from ooospec.reporting import md_table
 from ooospec.runtime.hints import HintBank, common_prefix, render_views, tokenize_views
 
 logger = logging.getLogger(__name__)

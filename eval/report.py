@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ooospec.eval.reporting import fmt_cell, md_table
+from ooospec.reporting import fmt_cell, md_table
 
 # (header, summary key, format[, scale]), a line per group: times; speedups; tree; prefill and decode against
 # the machine's roofline; exactness and defects

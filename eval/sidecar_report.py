@@ -19,8 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ooospec.eval.reporting import fmt_cell, md_table
 from ooospec.pipelines.params import module_main
+from ooospec.reporting import fmt_cell, md_table
 
 # (header, getter over (train, eval) metrics, format)
 COLUMNS = [

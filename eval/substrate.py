@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from ooospec.eval.reporting import md_table
+from ooospec.reporting import md_table
 from ooospec.runtime.tree import chain_tree
 
 SIZES = (1, 2, 4, 8, 16, 32)

@@ -6,7 +6,7 @@ Run as::
     ooospec transfer-report eval/reports/transfer/transfer.json --out-dir eval/reports/transfer
 
 (the stage runs the same :func:`write_reports` at its end). Every number printed is a value of the JSON,
-formatted by :func:`ooospec.eval.reporting.fmt_cell`; the "transfer, honestly" sentences (:func:`transfer_notes`)
+formatted by :func:`ooospec.reporting.fmt_cell`; the "transfer, honestly" sentences (:func:`transfer_notes`)
 compare those values with the thresholds below. Both documents render the same :class:`Table` objects
 (:func:`tables`), so the Markdown and the HTML cannot disagree.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ooospec.eval.reporting import fmt_cell, md_table, md_text
 from ooospec.eval.transfer_data import bench_name, methods_of, targets_of
+from ooospec.reporting import fmt_cell, md_table, md_text
 
 HELPS = 1.05          # hint gain (ooospec over toolspec, ratio of mean times) from which hints "help"
 WEAK_CALLER = 0.5     # own call accuracy below which a target is a weak caller

@@ -554,13 +554,9 @@ def _identical(s: dict) -> str:
     return f"{s['exact_rate']:.0%}" + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else "")
 
 
-def caching(env: dict) -> str:
-    """How the prompt's KV started, in words (the cold default, or ``--warm-tools``)."""
-    return "prefix caching on, toolbox warm" if env.get("warm_tools") else "prefix caching off"
-
-
 def render_table(results: dict) -> str:
-    from ooospec.eval.reporting import md_table
+    from ooospec.eval.vllm_report import caching
+    from ooospec.reporting import md_table
 
     env = results["env"]
     head = (f"{results['target']} on {results['dataset']}: vLLM {env['vllm']}, {env['dtype']}, {env['threads']} "

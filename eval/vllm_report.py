@@ -14,12 +14,16 @@ import argparse
 import json
 from pathlib import Path
 
-from ooospec.eval.reporting import md_table
-from ooospec.eval.vllm_bench import caching
+from ooospec.reporting import md_table
 
 HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "prefill s", "method", "mean s", "vs vllm",
            "decode vs vllm", "vs llama.cpp", "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
 SKIP = ("vllm", "vllm-prefill")     # the reference and the prefill probe are columns, not rows
+
+
+def caching(env: dict) -> str:
+    """How a cell's prompt KV started, in words (the cold default, or ``vllm-bench --warm-tools``)."""
+    return "prefix caching on, toolbox warm" if env.get("warm_tools") else "prefix caching off"
 
 
 def cells(folder: Path) -> list[dict]:

@@ -50,10 +50,10 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from ooospec.eval.reporting import md_table
 from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import atomic_write_text, load_records, write_json, write_jsonl
 from ooospec.pipelines.slot_rows import request_row
+from ooospec.reporting import md_table
 from ooospec.runtime import sidecar_prompts as sp
 
 SPLITS = ("train", "heldout")

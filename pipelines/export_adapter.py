@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from ooospec.eval.reporting import md_table, pct
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.records import atomic_write_text, write_json
+from ooospec.reporting import md_table, pct
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from ooospec.eval.reporting import md_table
 from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
 from ooospec.pipelines.records import (
     UNCHECKABLE_SCHEMA,
@@ -54,6 +53,7 @@ from ooospec.pipelines.records import (
     write_json,
     write_jsonl,
 )
+from ooospec.reporting import md_table
 from ooospec.runtime import formats, schemas
 
 UNPARSEABLE = "unparseable"

@@ -181,4 +181,4 @@ def test_warm_tools_caches_the_toolbox_block_only(tmp_path):
     assert vb.engine_kwargs(args, "toolspec")["enable_prefix_caching"] is True
     args.warm_tools = False
     assert vb.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
-    assert vb.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"
+    assert vllm_report.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"
