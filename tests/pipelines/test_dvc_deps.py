@@ -257,3 +257,31 @@ def test_stage_has_no_code_deps_it_does_not_import(address, modules, deps):
     extra = [d for d in deps if _is_code_dep(d) and not any(covered(n, [d]) for n in needed)]
     assert not extra, (f"{address} runs {', '.join(modules)} but depends on code it never imports; drop from its "
                        "deps:\n  " + "\n  ".join(extra))
+
+
+def _stage_outputs(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
+    """``(stage address, cmd, outs and metrics relative to the stage's wdir)`` of every stage of every dvc.yaml."""
+    from dvc.repo import Repo
+
+    out = []
+    with Repo(str(root)) as repo:
+        for stage in repo.index.stages:
+            cmd = " ".join(stage.cmd) if isinstance(stage.cmd, list) else (stage.cmd or "")
+            if not cmd:
+                continue
+            outs = [Path(os.path.relpath(o.fs_path, stage.wdir)).as_posix() for o in stage.outs]
+            dvcfile = Path(os.path.relpath(stage.dvcfile.path, root)).as_posix()
+            out.append((f"{dvcfile}:{stage.name}", cmd, outs))
+    return sorted(out)
+
+
+OUTPUTS = _stage_outputs()
+
+
+@pytest.mark.parametrize("address, cmd, outs", OUTPUTS, ids=[s[0] for s in OUTPUTS])
+def test_every_output_is_a_path_the_cmd_names(address, cmd, outs):
+    """Paths are declared once, in dvc.yaml: a stage writes only where its cmd says (the path, a folder above it, or
+    for a folder output the files in it), never to a default hidden in the module."""
+    words = {w.rstrip("/") for w in cmd.split()}
+    hidden = [o for o in outs if not any(o == w or o.startswith(w + "/") or w.startswith(o + "/") for w in words)]
+    assert not hidden, f"{address} writes {hidden} without its cmd naming them (pass them as arguments)"
