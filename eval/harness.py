@@ -80,11 +80,8 @@ BASELINE = "ar"
 HF_REFERENCE = "hf-greedy"
 LLAMACPP_REFERENCE = "llama.cpp"
 REFERENCES = {"hf": HF_REFERENCE, "llama.cpp": LLAMACPP_REFERENCE}   # backend -> its stock greedy, run every example
-ENGINE_METHODS = methods.ENGINE_METHODS
 HF_PEERS = methods.peers_of("hf")
-PEER_METHODS = HF_PEERS + LLAMACPP_PEERS
 KNOWN_METHODS = tuple(methods.REGISTRY)
-FIXED_NODES = methods.FIXED_NODES
 WARMUP_TOKENS = 16  # budget of a warm-up call
 
 

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from ooospec import cli
 from ooospec.eval import harness, peers
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
-from ooospec.runtime import hardware
+from ooospec.runtime import hardware, methods
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.formats import detect_format
 
@@ -149,7 +149,7 @@ def test_examples_in_id_order_and_stop_rule(results):
 
 def test_fixed_method_stays_within_its_budget(results):
     fixed = [t for r in results["examples"] if r["method"] == "toolspec-fixed" for t in r["tree_sizes"]]
-    assert max(fixed) <= harness.FIXED_NODES + 1
+    assert max(fixed) <= methods.FIXED_NODES + 1
     assert results["methods"]["toolspec-fixed"]["exact_rate"] == 1.0
 
 

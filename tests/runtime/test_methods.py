@@ -30,7 +30,7 @@ def test_every_cli_reads_its_choices_from_the_registry():
     assert _choices(serve_cli.add_arguments, "--method") == methods.SERVED
     assert _choices(agent_bench.add_arguments, "--method") == methods.SERVED
     assert harness.KNOWN_METHODS == tuple(methods.REGISTRY)
-    assert set(harness.ENGINE_METHODS) | set(harness.PEER_METHODS) == set(methods.REGISTRY)
+    assert set(methods.ENGINE_METHODS) | set(harness.HF_PEERS) | set(harness.LLAMACPP_PEERS) == set(methods.REGISTRY)
     assert harness.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
     from ooospec.eval import bench
 
