@@ -55,7 +55,8 @@ def _adapter(out: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun + gloo on Linux")
 def test_two_cpu_processes_train_the_one_process_adapter_and_resume(tmp_path):
     base = save_tiny_base(tmp_path / "base")
-    common = {"max_steps": -1, "save_steps": 2}
+    # weighted slots: the WeightedLossTrainer path, whose loss must be scaled back by the process count
+    common = {"max_steps": -1, "save_steps": 2, "loss_weight_function_index": 2.0, "loss_weight_null": 0.5}
     one = recipe_from_dict(tiny_recipe_dict(base, per_device_train_batch_size=2, **common))
     two_file = tmp_path / "two.yaml"
     two_file.write_text(yaml.safe_dump(tiny_recipe_dict(base, per_device_train_batch_size=1, **common)))
