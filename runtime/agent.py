@@ -6,22 +6,22 @@
         msgs, tls, fmt=chat.fmt, tokenizer=chat.tokenizer)))
     run.steps[0].hit      # the first call's result came from the speculative run
 
-One turn (seed paper 003's engine-side loop, in process):
+One turn (the engine-side loop, in process):
 
 1. The turn arrives: ``guess(messages, tools, turn)`` starts an early guess of its call (the sidecar's wave, or
    any :class:`CallGuess`). The guessed call goes to :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate`
    the moment it is ready (at once when it is ready at arrival, else from a watcher thread), so a
-   side-effect-free tool runs while the target is still decoding (O1).
+   side-effect-free tool runs while the target is still decoding.
 2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
-   same guess drafts tokens too (O2, :class:`~ooospec.runtime.hints.HintDrafter`).
+   same guess drafts tokens too (:class:`~ooospec.runtime.hints.HintDrafter`).
 3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
    returns the speculative result when the canonical keys match, and runs the real call otherwise. The guess hears
    how the turn and its tool went (``turn_done(turn)`` / ``tool_done(tool_s, hit)``): a :class:`SidecarGuess`'s
    wave gate learns from them what a wave is worth in tool latency hidden.
 4. The call and its result join the conversation and the next turn continues the same session: only the new
    tokens (the call's end, the tool message, the generation prompt) are prefilled -- the tool result goes into
-   the resident KV and decoding goes on (O3), with nothing to evict, re-admit or re-prefill. Without sessions
-   (``ChatModel(sessions=None)``) every turn prefills the whole conversation: today's stateless loop.
+   the resident KV and decoding goes on, with nothing to evict, re-admit or re-prefill. Without sessions
+   (``ChatModel(sessions=None)``) every turn prefills the whole conversation (stateless turns).
 
 Speculative entries live for one turn (cleared when the next turn starts). Only the first call of a turn is
 executed (the stop rule ends a turn at the end of its first call).

@@ -12,7 +12,7 @@ and a short JSON error as its content, which the model reads like any tool resul
     registry.register("send_email", "http://127.0.0.1:9000/send", parameters=schema2, timeout_s=5)
     registry.run({"name": "get_weather", "arguments": {"city": "Paris"}}).content   # '{"temp_c": 21}'
 
-:class:`SpeculativeTools` is the speculative execution cache (seed paper 003, O1): when an early guess of the
+:class:`SpeculativeTools` is the speculative execution cache: when an early guess of the
 call is ready (the sidecar's joined call, usually long before the target's call is complete), :meth:`speculate`
 starts it in the background -- only if the tool is side-effect free and the arguments validate -- and caches it
 under the call's canonical key (:func:`ooospec.runtime.calls.call_key`: key order, JSON whitespace and number
