@@ -45,6 +45,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ooospec.pipelines.checkpoints import (
+    Processes,
+    checkpoint_is_final,
+    checkpoint_step,
+    latest_checkpoint,
+    load_final_checkpoint,
+    mean_over_processes,
+    prepare_checkpoints,
+    shardable_sequences,
+)
 from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
@@ -52,12 +62,10 @@ from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_
 from ooospec.pipelines.slot_rows import read_request_rows, rows_layout
 from ooospec.pipelines.tracking import configure_wandb
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.hardware import cpu_info, resolve_threads
 from ooospec.runtime.paths import DEFAULT_RECIPE
 
 logger = logging.getLogger(__name__)
-
-FINGERPRINT_FILE = "run_fingerprint.json"
-
 
 @dataclass(frozen=True)
 class TrainSidecarParams:
@@ -207,56 +215,6 @@ def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, outpu
                    train_dataset=data, data_collator=collator, processing_class=tokenizer)
 
 
-# --------------------------------------------------------------------------------------------- processes
-
-@dataclass(frozen=True)
-class Processes:
-    """Where this process sits in a ``torchrun`` / ``accelerate launch`` job (from the launcher's env vars)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-
-    @classmethod
-    def from_env(cls, env: dict | None = None) -> Processes:
-        env = os.environ if env is None else env
-        world = int(env.get("WORLD_SIZE", 1))
-        return cls(rank=int(env.get("RANK", 0)), world_size=world,
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def shardable_sequences(sequences: list, world_size: int, per_device_batch: int) -> tuple[list, int]:
-    """``sequences`` cut to a multiple of ``world_size x per_device_batch``, and how many were cut.
-
-    Each process then gets whole batches of distinct sequences: without the cut accelerate evens the last batch out
-    by repeating sequences from the start (trained twice). One process cuts nothing.
-    """
-    if world_size <= 1:
-        return sequences, 0
-    unit = world_size * per_device_batch
-    keep = len(sequences) - len(sequences) % unit
-    if keep == 0:
-        raise ValueError(f"{len(sequences)} sequences cannot give each of {world_size} processes a batch of "
-                         f"{per_device_batch}; train on more requests or fewer processes")
-    return sequences[:keep], len(sequences) - keep
-
-
-def mean_over_processes(value: float | None) -> float | None:
-    """The mean of ``value`` over the processes of a torch.distributed job (the value itself when alone)."""
-    import torch
-    import torch.distributed as dist
-
-    if value is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
-
-
 # --------------------------------------------------------------------------------------------- resume
 
 def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str,
@@ -269,59 +227,6 @@ def run_fingerprint(params: TrainSidecarParams, recipe: Recipe, data_sha: str,
     recipe_dict = {k: v for k, v in as_dict(recipe).items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
     return hashlib.sha256(canonical_json({"params": run_params, "recipe": recipe_dict, "data": data_sha,
                                           "layout": layout}).encode()).hexdigest()
-
-
-def _checkpoint_step(ckpt: Path) -> int:
-    """``checkpoint-12`` -> 12."""
-    return int(ckpt.name.rsplit("-", 1)[1])
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The ``checkpoint-<step>`` folder with the highest step, or None."""
-    if not ckpt_dir.is_dir():
-        return None
-    found = [(_checkpoint_step(p), p) for p in ckpt_dir.glob("checkpoint-*")
-             if p.is_dir() and p.name.split("-")[1].isdigit()]
-    return max(found)[1] if found else None
-
-
-def prepare_checkpoints(ckpt_dir: Path, fingerprint: str, resume: bool) -> Path | None:
-    """Return the checkpoint to resume from, clearing checkpoints of a different run (or all, if not resuming)."""
-    stamp = ckpt_dir / FINGERPRINT_FILE
-    previous = json.loads(stamp.read_text())["fingerprint"] if stamp.is_file() else None
-    ckpt = latest_checkpoint(ckpt_dir)
-    if ckpt is not None and (not resume or previous != fingerprint):
-        why = "resume is off" if not resume else "they belong to a different run (data, recipe or params changed)"
-        logger.warning("removing old checkpoints in %s: %s", ckpt_dir, why)
-        shutil.rmtree(ckpt_dir)
-        ckpt = None
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps({"fingerprint": fingerprint}) + "\n")
-    if ckpt is not None:
-        logger.info("resuming from %s", ckpt)
-    return ckpt
-
-
-def checkpoint_is_final(ckpt: Path) -> bool:
-    """True when ``ckpt`` was saved at the run's last step (its ``trainer_state.json`` says so)."""
-    state_file = ckpt / "trainer_state.json"
-    if not state_file.is_file():
-        return False
-    state = json.loads(state_file.read_text())
-    return state.get("max_steps", 0) > 0 and state.get("global_step", 0) >= state["max_steps"]
-
-
-def load_final_checkpoint(trainer, ckpt: Path) -> None:
-    """Put a finished run's adapter weights and trainer state (step, epoch, loss log) into ``trainer``."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-    from transformers import TrainerState
-
-    result = set_peft_model_state_dict(trainer.model, load_file(ckpt / "adapter_model.safetensors"))
-    unexpected = getattr(result, "unexpected_keys", None)
-    if unexpected:
-        raise ValueError(f"{ckpt}: adapter weights do not fit the model (e.g. {unexpected[:3]})")
-    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -358,62 +263,31 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     """
     import torch
 
-    from ooospec.runtime.hardware import cpu_info, resolve_threads
-
     out_dir, metrics_path = Path(out_dir), Path(metrics_path)
     recipe_source = params.recipe if recipe is None else "<given>"
     recipe = recipe or load_recipe(params.recipe)
     seed_everything(params.seed)
     procs = Processes.from_env()
-    threads, threads_why = resolve_threads(params.threads)
-    if not params.threads and procs.local_world_size > 1:   # share this machine's cores between its processes
-        threads = max(1, threads // procs.local_world_size)
-        threads_why += f" / {procs.local_world_size} processes on this machine"
+    threads, threads_why = process_threads(params.threads, procs)
     torch.set_num_threads(threads)
     configure_wandb(recipe.report_to, out_dir, recipe.wandb_project)
 
-    all_rows = read_request_rows(train_path)
-    if not all_rows:
+    if not (all_rows := read_request_rows(train_path)):
         raise ValueError(f"{train_path}: no request rows to train on")
     layout = rows_layout(all_rows, f"{train_path}: request rows")   # what the adapter learns (sidecar.json)
     chosen = select_requests(all_rows, params.max_train_requests, params.seed)
     model, tok = load_base(recipe, threads)
-    sequences, pack = pack_rows(tok, chosen, recipe.max_len, loss_weights(recipe))
-    if pack.slots_dropped:
-        logger.warning("dropped %d of %d slots: block + slot longer than max_len=%d tokens",
-                       pack.slots_dropped, pack.slots, recipe.max_len)
-    if not sequences:
-        raise ValueError(f"nothing fits max_len={recipe.max_len}; raise it in the recipe")
-    sequences, cut = shardable_sequences(sequences, procs.world_size, recipe.per_device_train_batch_size)
-    if cut:
-        logger.warning("left out the last %d of %d sequences so %d processes get distinct whole batches",
-                       cut, len(sequences) + cut, procs.world_size)
+    sequences, pack, cut = training_sequences(tok, chosen, recipe, procs)
     bf16, autocast_why = resolve_autocast(recipe, threads)
     logger.info("bf16 autocast %s (%s); threads %d (%s)", "on" if bf16 else "off", autocast_why, threads,
                 threads_why)
 
-    ckpt_dir = out_dir / "checkpoints"
     fingerprint = run_fingerprint(params, recipe, sha256_file(Path(train_path)), layout)
-    trainer = build_trainer(model, tok, sequences, recipe, ckpt_dir, params.seed, bf16)   # joins the processes
-    if trainer.is_world_process_zero():   # one process clears or keeps the checkpoints, the others follow it
-        resume_from = prepare_checkpoints(ckpt_dir, fingerprint, params.resume)
-    trainer.accelerator.wait_for_everyone()
-    if not trainer.is_world_process_zero():
-        resume_from = latest_checkpoint(ckpt_dir) if params.resume else None
+    trainer = build_trainer(model, tok, sequences, recipe, out_dir / "checkpoints", params.seed, bf16)   # joins
+    resume_from = resume_point(trainer, out_dir / "checkpoints", fingerprint, params.resume)
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
-    if resume_from is not None and checkpoint_is_final(resume_from):
-        # the run already finished: Trainer would step once more past max_steps on such a resume (seen with
-        # transformers 5.24 when max_steps ends mid-epoch), so load the final weights and train nothing
-        logger.info("%s is the final checkpoint of this run: nothing to train", resume_from)
-        load_final_checkpoint(trainer, resume_from)
-        training_loss = None
-    else:
-        training_loss = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).training_loss
-        training_loss = mean_over_processes(training_loss)
+    training_loss = train_from(trainer, resume_from)
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    start_step = _checkpoint_step(resume_from) if resume_from else 0
-    steps_this_run = trainer.state.global_step - start_step
-    curve = loss_curve(trainer.state.log_history)
 
     metrics = {
         "base": recipe.base,
@@ -428,6 +302,76 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "processes": procs.world_size,
         "tokens": pack.tokens,
         "label_tokens": pack.label_tokens,
+        **run_summary(trainer, resume_from, training_loss, wall, cpu),
+        "threads": threads,   # per process
+        "bf16_autocast": bf16,
+        "bf16_autocast_reason": autocast_why,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "cpu": cpu_info(),
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }
+    if trainer.is_world_process_zero():
+        write_outputs(trainer, tok, recipe, params, metrics, out_dir, metrics_path)
+    logger.info("trained %d requests (%d sequences) in %.1fs, final loss %s", len(chosen), pack.sequences, wall,
+                metrics["final_loss"])
+    return metrics
+
+
+def process_threads(threads: int, procs: Processes) -> tuple[int, str]:
+    """This process's torch threads and why: ``threads`` (0 = the cores this process may use, shared between the
+    job's processes on this machine)."""
+    n, why = resolve_threads(threads)
+    if not threads and procs.local_world_size > 1:
+        n = max(1, n // procs.local_world_size)
+        why += f" / {procs.local_world_size} processes on this machine"
+    return n, why
+
+
+def training_sequences(tok, rows: list[dict], recipe: Recipe, procs: Processes):
+    """``rows`` packed into training sequences (:func:`~ooospec.pipelines.packing.pack_rows`), cut so that every
+    process gets distinct whole batches: ``(sequences, pack stats, sequences cut)``."""
+    sequences, pack = pack_rows(tok, rows, recipe.max_len, loss_weights(recipe))
+    if pack.slots_dropped:
+        logger.warning("dropped %d of %d slots: block + slot longer than max_len=%d tokens",
+                       pack.slots_dropped, pack.slots, recipe.max_len)
+    if not sequences:
+        raise ValueError(f"nothing fits max_len={recipe.max_len}; raise it in the recipe")
+    sequences, cut = shardable_sequences(sequences, procs.world_size, recipe.per_device_train_batch_size)
+    if cut:
+        logger.warning("left out the last %d of %d sequences so %d processes get distinct whole batches",
+                       cut, len(sequences) + cut, procs.world_size)
+    return sequences, pack, cut
+
+
+def resume_point(trainer, ckpt_dir: Path, fingerprint: str, resume: bool) -> Path | None:
+    """The checkpoint this run resumes from: process 0 clears or keeps the checkpoints, the others follow it."""
+    resume_from = None
+    if trainer.is_world_process_zero():
+        resume_from = prepare_checkpoints(ckpt_dir, fingerprint, resume)
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.is_world_process_zero():
+        resume_from = latest_checkpoint(ckpt_dir) if resume else None
+    return resume_from
+
+
+def train_from(trainer, resume_from: Path | None) -> float | None:
+    """Train from ``resume_from`` (None: from scratch); the training loss, the mean over the processes."""
+    if resume_from is not None and checkpoint_is_final(resume_from):
+        # the run already finished: Trainer would step once more past max_steps on such a resume (seen with
+        # transformers 5.24 when max_steps ends mid-epoch), so load the final weights and train nothing
+        logger.info("%s is the final checkpoint of this run: nothing to train", resume_from)
+        load_final_checkpoint(trainer, resume_from)
+        return None
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    return mean_over_processes(result.training_loss)
+
+
+def run_summary(trainer, resume_from: Path | None, training_loss: float | None, wall: float, cpu: float) -> dict:
+    """The metrics of what this run trained: steps, epochs, losses (the curve keeps a resumed run's old ones) and
+    time (only this run's steps)."""
+    steps_this_run = trainer.state.global_step - (checkpoint_step(resume_from) if resume_from else 0)
+    curve = loss_curve(trainer.state.log_history)
+    return {
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch or 0.0, 4),
         "resumed_from": resume_from.name if resume_from else None,
@@ -438,21 +382,16 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "loss_curve": curve,
         "train_seconds": round(wall, 2),
         "train_cpu_seconds": round(cpu, 2),  # user+sys of this process: wall x threads on an idle machine
-        "threads": threads,   # per process
-        "bf16_autocast": bf16,
-        "bf16_autocast_reason": autocast_why,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "cpu": cpu_info(),
-        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     }
-    if trainer.is_world_process_zero():
-        save_adapter(trainer, tok, out_dir / "adapter", sidecar_metadata(recipe, metrics))
-        atomic_write_text(out_dir / "recipe.yaml", recipe_to_yaml(recipe))
-        write_json(out_dir / "params.json", {"train_sidecar": as_dict(params)})
-        write_json(metrics_path, metrics)
-    logger.info("trained %d requests (%d sequences) in %.1fs, final loss %s", len(chosen), pack.sequences, wall,
-                metrics["final_loss"])
-    return metrics
+
+
+def write_outputs(trainer, tok, recipe: Recipe, params: TrainSidecarParams, metrics: dict, out_dir: Path,
+                  metrics_path: Path) -> None:
+    """Process 0's outputs: the adapter (+ sidecar.json), the resolved recipe, the params section, the metrics."""
+    save_adapter(trainer, tok, out_dir / "adapter", sidecar_metadata(recipe, metrics))
+    atomic_write_text(out_dir / "recipe.yaml", recipe_to_yaml(recipe))
+    write_json(out_dir / "params.json", {"train_sidecar": as_dict(params)})
+    write_json(metrics_path, metrics)
 
 
 def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:

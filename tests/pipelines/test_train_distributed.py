@@ -21,6 +21,7 @@ import yaml
 from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, save_tiny_base, tiny_recipe_dict
 
+from ooospec.pipelines import checkpoints as ck
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.recipe import recipe_from_dict
 
@@ -98,14 +99,14 @@ def test_two_cpu_processes_train_the_one_process_adapter_and_resume(tmp_path):
 
 def test_shards_are_whole_distinct_batches():
     seqs = list(range(9))
-    assert ts.shardable_sequences(seqs, 1, 4) == (seqs, 0)
-    assert ts.shardable_sequences(seqs, 2, 2) == (list(range(8)), 1)
-    assert ts.shardable_sequences(seqs, 2, 1) == (list(range(8)), 1)
+    assert ck.shardable_sequences(seqs, 1, 4) == (seqs, 0)
+    assert ck.shardable_sequences(seqs, 2, 2) == (list(range(8)), 1)
+    assert ck.shardable_sequences(seqs, 2, 1) == (list(range(8)), 1)
     with pytest.raises(ValueError, match="cannot give each of 4 processes"):
-        ts.shardable_sequences(seqs, 4, 4)
+        ck.shardable_sequences(seqs, 4, 4)
 
 
 def test_processes_from_the_launchers_env():
-    assert ts.Processes.from_env({}) == ts.Processes(0, 1, 1)
-    p = ts.Processes.from_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    assert ck.Processes.from_env({}) == ck.Processes(0, 1, 1)
+    p = ck.Processes.from_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
     assert (p.rank, p.world_size, p.local_world_size, p.is_main) == (1, 4, 2, False)

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
+from ooospec.pipelines import checkpoints as ck
 from ooospec.pipelines import tracking
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.packing import IGNORE, pack_rows
@@ -100,14 +101,14 @@ def test_run_writes_adapter_metrics_and_resume_reproduces_the_uninterrupted_run(
 def test_checkpoints_of_another_run_are_not_resumed(tmp_path):
     ckpt = tmp_path / "checkpoints"
     (ckpt / "checkpoint-7").mkdir(parents=True)
-    assert ts.prepare_checkpoints(ckpt, "fp-a", resume=True) is None  # no stamp yet: not ours
+    assert ck.prepare_checkpoints(ckpt, "fp-a", resume=True) is None  # no stamp yet: not ours
     (ckpt / "checkpoint-3").mkdir()
     (ckpt / "checkpoint-12").mkdir()
-    assert ts.prepare_checkpoints(ckpt, "fp-a", resume=True).name == "checkpoint-12"
-    assert ts.prepare_checkpoints(ckpt, "fp-b", resume=True) is None
+    assert ck.prepare_checkpoints(ckpt, "fp-a", resume=True).name == "checkpoint-12"
+    assert ck.prepare_checkpoints(ckpt, "fp-b", resume=True) is None
     assert not list(ckpt.glob("checkpoint-*"))
     (ckpt / "checkpoint-5").mkdir()
-    assert ts.prepare_checkpoints(ckpt, "fp-b", resume=False) is None
+    assert ck.prepare_checkpoints(ckpt, "fp-b", resume=False) is None
 
 
 def test_select_requests_is_seeded_order_free_and_prefix_stable(rows):
