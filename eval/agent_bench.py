@@ -62,11 +62,14 @@ from tqdm import tqdm
 
 from ooospec.pipelines.records import load_records, write_json
 from ooospec.reporting import md_table, pct
-from ooospec.runtime.methods import SERVED
+from ooospec.runtime.deployments import BENCH_GATE_CHOICES, GATE_OFF, GATE_ON, SHARED
+from ooospec.runtime.methods import GOLD, SERVED, SIDECAR, TOOLSPEC
 
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("stateless", "sessions", "speculative")
+SPECULATORS = (GOLD, SIDECAR)   # the hint sources a turn's guess comes from (no oracle: it needs the turn's output)
+DEPLOYMENT = SHARED              # a sidecar this bench starts runs on every core at the bench's threads
 STUB_RESPONSE = '{"status": "success"}'
 DEFAULT_DATASETS = "apibank-l3,toolalpaca-real,toolalpaca-sim"
 
@@ -177,7 +180,8 @@ class ReplayTools:
 
 
 class HintsOnly:
-    """A guess used as decoding hints only (the variants without tool speculation, under method ooospec)."""
+    """A guess (:class:`~ooospec.runtime.hints.CallGuess`) used as decoding hints only (the variants without tool
+    speculation, under a method that takes hints): it never hands its call to the tools."""
 
     def __init__(self, guess):
         self.guess = guess
@@ -191,25 +195,23 @@ class HintsOnly:
     def cancel(self) -> None:
         self.guess.cancel()
 
-    @property
-    def decision(self) -> dict | None:
-        return self.guess.decision
+    def report(self, result, hint_stats, calls=()) -> dict | None:
+        return self.guess.report(result, hint_stats, calls)
 
-    def turn_done(self, turn) -> None:
-        self.guess.turn_done(turn)
-
-    def tool_done(self, tool_s: float, hit: bool | None) -> None:
-        self.guess.tool_done(tool_s, None)         # no tool ran on this guess: only its latency is news
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        self.guess.observe_tool(tool_s, None)         # no tool ran on this guess: only its latency is news
 
 
 def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
-    """``(messages, tools, turn) -> CallGuess``: the step's gold call, or the sidecar's wave for this turn."""
-    from ooospec.runtime.agent import ReadyGuess, SidecarGuess
+    """``(messages, tools, turn) -> CallGuess``: the step's gold call (a bank ready at arrival), or the sidecar's
+    wave for this turn."""
+    from ooospec.runtime.hints import HintBank
 
     def guess(messages: list[dict], tools: list, turn: int):
-        if speculator == "gold":
-            return ReadyGuess(dialogue.calls[turn], chat.fmt, chat.tokenizer) if turn < dialogue.steps else None
-        return SidecarGuess(client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer))
+        if speculator == GOLD:
+            return HintBank.from_calls([dialogue.calls[turn]], chat.fmt, chat.tokenizer) if turn < dialogue.steps \
+                else None
+        return client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer)
 
     return guess
 
@@ -223,7 +225,7 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
     tools = ReplayTools(dialogue, latency_s)
     executor = SpeculativeTools(tools.registry)
     guesser = None
-    if variant == "speculative" or chat.method == "ooospec":
+    if variant == "speculative" or chat.takes_hints:
         make = make_guesser(speculator, chat, dialogue, client)
         if variant == "speculative":
             guesser = make
@@ -233,7 +235,7 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
                 return HintsOnly(g) if g is not None else None
     # the sidecar's next block is prefilled while each tool runs (the idle window), whenever a sidecar is asked
     idle = None
-    if speculator == "sidecar" and client is not None and guesser is not None:
+    if speculator == SIDECAR and client is not None and guesser is not None:
         def idle(messages: list[dict], tools: list) -> None:
             client.prefill(messages, tools, only_if_pays=True)   # with a gate: only when it pays
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
@@ -251,12 +253,12 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
 
 
 def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequence[float], *,
-              method: str = "toolspec", speculator: str = "gold", max_new_tokens: int = 128, client=None,
+              method: str = TOOLSPEC, speculator: str = GOLD, max_new_tokens: int = 128, client=None,
               variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None) -> list[dict]:
     """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
     from ooospec.runtime.chat import ChatModel
     from ooospec.runtime.session import PrefixCache, SessionStore
-    from ooospec.runtime.sidecar_client import wait_idle
+    from ooospec.runtime.sidecar_process import wait_idle
 
     def new_chat(variant: str) -> ChatModel:
         sessions = None if variant == "stateless" else SessionStore(model, prefix_cache=PrefixCache())
@@ -360,15 +362,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N dialogues (by id) of each dataset")
     p.add_argument("--min-steps", type=int, default=2, help="dialogues with at least this many calls")
     p.add_argument("--latencies", default="0,0.5,2", help="simulated tool latencies in seconds, comma-separated")
-    p.add_argument("--method", choices=SERVED, default="toolspec",
+    p.add_argument("--method", choices=SERVED, default=TOOLSPEC,
                    help="decoding method, the same in every variant")
-    p.add_argument("--speculator", choices=("gold", "sidecar"), default="gold",
-                   help="the early guess of each call: the recorded call at arrival (ceiling) or the sidecar's")
+    p.add_argument("--speculator", choices=SPECULATORS, default=GOLD,
+                   help=f"the early guess of each call: {GOLD}: the recorded call at arrival (ceiling); {SIDECAR}: "
+                        f"the sidecar's")
     p.add_argument("--sidecar-url", default=None, help="a running sidecar server; default: start the shipped adapter")
     p.add_argument("--sidecar-adapter", default=None, help="adapter to start when no --sidecar-url is given")
-    p.add_argument("--sidecar-gate", choices=("on", "off"), default="off",
-                   help="on: each turn's wave only when its hints and the tool latency it hides pay for it "
-                        "(runtime/wave_gate.py, the shared deployment's prior, learnt online); off: every wave")
+    p.add_argument("--sidecar-gate", choices=BENCH_GATE_CHOICES, default=GATE_OFF,
+                   help=f"{GATE_ON}: each turn's wave only when its hints and the tool latency it hides pay for it "
+                        f"(runtime/wave_gate.py, learnt online from the prior of the deployment a sidecar this bench "
+                        f"starts runs in, {DEPLOYMENT.name}); {GATE_OFF}: every wave")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", default="auto", help="torch threads: 'auto' or a number")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -389,53 +393,25 @@ def _latencies(text: str) -> list[float]:
 def run_cli(args: argparse.Namespace) -> int:
     import torch
 
-    from ooospec.eval.harness import environment
     from ooospec.runtime import hardware
     from ooospec.runtime.models import load_target
-    from ooospec.runtime.paths import resolve_benchmark
-    from ooospec.runtime.sidecar_client import SidecarClient, health, launch_sidecar
 
     latencies = _latencies(args.latencies)
     if args.max_new_tokens < 1:
         raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
-    dialogues: list[Dialogue] = []
-    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        try:
-            path = resolve_benchmark(name, args.benchmark_dir)
-        except FileNotFoundError as e:
-            raise SystemExit(str(e)) from e
-        found = load_dialogues(path, args.limit, args.min_steps)
-        print(f"{name}: {len(found)} dialogues, {sum(d.steps for d in found)} calls", file=sys.stderr)
-        dialogues += found
-    if not dialogues:
-        raise SystemExit("no dialogues to replay (check --datasets, --limit, --min-steps)")
+    dialogues = _dialogues(args)
     threads = hardware.resolve_threads(args.threads)
     torch.set_num_threads(threads[0])
     torch.manual_seed(0)
     dtype = hardware.resolve_dtype(args.dtype, threads=threads[0], device="cpu")
     model, tok = load_target(args.target, dtype=dtype[0], cache=args.cache)
     out = args.out or Path("results") / f"agent_bench_{Path(args.target).stem or 'target'}.json"
-    sidecar, client = None, None
-    if args.speculator == "sidecar":
-        if args.sidecar_url is None:   # the shared deployment, as `ooospec bench`'s: every core, the bench's threads
-            sidecar = launch_sidecar(args.sidecar_adapter, threads=threads[0], dtype=args.dtype)   # as the target
-        client = SidecarClient(args.sidecar_url or sidecar.url)
-        if args.sidecar_gate == "on":
-            from ooospec.eval.ooospec_method import DEPLOYMENTS, wave_gate_for
-
-            client.gate = wave_gate_for(DEPLOYMENTS["shared"])   # the server shares the target's cores
+    sidecar, client = _sidecar(args, threads[0]) if args.speculator == SIDECAR else (None, None)
     config = {"target": args.target, "datasets": args.datasets, "limit": args.limit, "min_steps": args.min_steps,
               "latencies": latencies, "method": args.method, "speculator": args.speculator,
               "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues],
-              "sidecar_gate": args.sidecar_gate if args.speculator == "sidecar" else None}
-    env = environment(threads, dtype, args.dtype, model, None)
-    if args.speculator == "sidecar":     # which adapter guessed the calls: path, sha256 of its weights, layout
-        from ooospec.eval.harness import HintOptions, sidecar_adapter_record
-
-        env["sidecar_adapter"] = sidecar_adapter_record(HintOptions(sidecar_url=args.sidecar_url,
-                                                                    sidecar_adapter=args.sidecar_adapter))
-        served = health(client.base_url) or {}      # how the server runs: dtype, threads, its measured wave cost
-        env["sidecar_server"] = {k: served.get(k) for k in ("dtype", "threads", "cpus", "calibration")}
+              "sidecar_gate": args.sidecar_gate if args.speculator == SIDECAR else None}
+    env = _environment(args, threads, dtype, model, client)
     t0 = time.perf_counter()
 
     def save(rows: list[dict], partial: bool) -> dict:
@@ -459,6 +435,57 @@ def run_cli(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def _dialogues(args: argparse.Namespace) -> list[Dialogue]:
+    """The dialogues of every ``--datasets`` name, in the order given (``--limit``, ``--min-steps`` each)."""
+    from ooospec.runtime.paths import resolve_benchmark
+
+    dialogues: list[Dialogue] = []
+    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        try:
+            path = resolve_benchmark(name, args.benchmark_dir)
+        except FileNotFoundError as e:
+            raise SystemExit(str(e)) from e
+        found = load_dialogues(path, args.limit, args.min_steps)
+        print(f"{name}: {len(found)} dialogues, {sum(d.steps for d in found)} calls", file=sys.stderr)
+        dialogues += found
+    if not dialogues:
+        raise SystemExit("no dialogues to replay (check --datasets, --limit, --min-steps)")
+    return dialogues
+
+
+def _sidecar(args: argparse.Namespace, threads: int):
+    """``--speculator sidecar``: ``(the server started for the run, or None for --sidecar-url; its client)``."""
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar_process import launch_sidecar
+
+    sidecar = None
+    if args.sidecar_url is None:   # DEPLOYMENT, as `ooospec bench`'s: every core, the bench's threads
+        sidecar = launch_sidecar(args.sidecar_adapter, threads=threads, dtype=args.dtype)   # as the target
+    client = SidecarClient(args.sidecar_url or sidecar.url)
+    if args.sidecar_gate == GATE_ON:
+        from ooospec.runtime.wave_gate import WaveGate
+
+        client.gate = WaveGate(DEPLOYMENT.prior)   # the server shares the target's cores
+    return sidecar, client
+
+
+def _environment(args: argparse.Namespace, threads: tuple[int, str], dtype: tuple[str, str], model, client) -> dict:
+    """The run's ``env``: the machine and versions, and with a sidecar which adapter guessed the calls and how its
+    server runs."""
+    from ooospec.eval.environment import environment
+
+    env = environment(threads, dtype, args.dtype, model, None)
+    if args.speculator == SIDECAR:     # which adapter guessed the calls: path, sha256 of its weights, layout
+        from ooospec.eval.hint_sources import HintOptions, sidecar_adapter_record
+        from ooospec.runtime.sidecar_process import health
+
+        env["sidecar_adapter"] = sidecar_adapter_record(HintOptions(sidecar_url=args.sidecar_url,
+                                                                    sidecar_adapter=args.sidecar_adapter))
+        served = health(client.base_url) or {}      # how the server runs: dtype, threads, its measured wave cost
+        env["sidecar_server"] = {k: served.get(k) for k in ("dtype", "threads", "cpus", "calibration")}
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:

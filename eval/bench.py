@@ -6,8 +6,9 @@ Run as::
         --limit 30 [--threads auto] [--dtype auto] [--out results/bench.json] [--report-dir reports/bench]
 
 The command line only: it checks the flags, loads the target, turns the flags into calls of the harness
-(:mod:`ooospec.eval.harness`: what is measured, the rows and the summaries), and prints and writes the results
-(tables and plots: :mod:`ooospec.eval.report`).
+(:mod:`ooospec.eval.harness`: what is measured and the rows; the methods, examples, summaries, environment and hint
+sources in the modules it names), and prints and writes the results (tables and plots:
+:mod:`ooospec.eval.bench_report`).
 
 ``--dtype auto`` (default) takes bf16 only where the CPU multiplies it natively and a probe finds it faster, fp32
 otherwise (:func:`ooospec.runtime.hardware.resolve_dtype`); ``--threads auto`` (default) the cores this process may
@@ -39,25 +40,15 @@ from pathlib import Path
 
 import torch
 
-from ooospec.eval import report
-from ooospec.eval.harness import (
-    KNOWN_METHODS,
-    REFERENCES,
-    HintOptions,
-    backend_env,
-    build_methods,
-    environment,
-    eos_ids,
-    load_examples,
-    record_ids_of,
-    run_bench,
-    sidecar_adapter_record,
-    start_hints,
-)
+from ooospec.eval import bench_report
+from ooospec.eval.bench_data import load_examples, record_ids_of
+from ooospec.eval.bench_methods import build_methods, eos_ids
+from ooospec.eval.environment import backend_env, environment
+from ooospec.eval.harness import run_bench
+from ooospec.eval.hint_sources import HintOptions, sidecar_adapter_record, start_hints
 from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
-from ooospec.eval.ooospec_method import DEFAULT_DEPLOYMENT, DEPLOYMENTS
 from ooospec.pipelines.records import write_json
-from ooospec.runtime import hardware, methods
+from ooospec.runtime import deployments, hardware, methods
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
 
@@ -68,8 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None,
                    help="folder of benchmark <name>.jsonl files (default: data/dedupe/eval under the working "
                         "directory, where `dvc repro dedupe` writes them)")
-    p.add_argument("--methods", default="ar,pld,toolspec,hf-pld",
-                   help=f"comma-separated, from {','.join(KNOWN_METHODS)} (ar and hf-greedy always run)")
+    p.add_argument("--methods", default=",".join(methods.DEFAULT_BENCH_METHODS),
+                   help=f"comma-separated, from {','.join(methods.BENCH_METHODS)} ({methods.BASELINE} and the "
+                        f"backend's stock greedy reference always run)"),
     p.add_argument("--limit", type=int, default=None, help="first N examples by id (default: all)")
     p.add_argument("--sample", type=int, default=None,
                    help="a random N of the examples (seed 0, kept in id order), before --limit")
@@ -101,20 +93,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the peak FLOP/s and bandwidth probes (cached after the first run on a machine)")
     p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
     g = p.add_argument_group("ooospec (sidecar hints)")
-    g.add_argument("--hints", choices=methods.HINT_SOURCES, default="sidecar",
-                   help="method ooospec's hints: the sidecar (default), or at time zero the gold call or the call "
-                        "the target itself writes (oracle: ar's output of the same request; the ceiling)")
+    g.add_argument("--hints", choices=tuple(methods.HINT_SOURCES), default=methods.SIDECAR,
+                   help=f"method {methods.OOOSPEC}'s hints: "
+                        + "; ".join(f"{h.name}: {h.summary}" for h in methods.HINT_SOURCES.values()))
     g.add_argument("--sidecar-url", default=None,
                    help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
                         "shipped adapter for the run and stop it after")
     g.add_argument("--sidecar-model", default="sidecar", help="served model name (vLLM: the --lora-modules name)")
     g.add_argument("--sidecar-adapter", default=None,
                    help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
-    g.add_argument("--sidecar-deploy", choices=sorted(DEPLOYMENTS), default=DEFAULT_DEPLOYMENT,
-                   help="where the sidecar runs next to the target (see eval/ooospec_method.py)")
-    g.add_argument("--sidecar-gate", choices=("on", "off"), default="off",
-                   help="on: send each request's wave only when its expected saving beats its cost, cut to the queries "
-                        "that pay (runtime/wave_gate.py, the deployment's prior); off: always the full wave")
+    g.add_argument("--sidecar-deploy", choices=deployments.BENCH_DEPLOYMENTS, default=deployments.DEFAULT_DEPLOYMENT,
+                   help="where the sidecar runs next to the target (runtime/deployments.py): " + "; ".join(
+                       f"{n}: {deployments.DEPLOYMENTS[n].summary}" for n in deployments.BENCH_DEPLOYMENTS))
+    g.add_argument("--sidecar-gate", choices=deployments.BENCH_GATE_CHOICES, default=deployments.GATE_OFF,
+                   help=f"{deployments.GATE_ON}: send each request's wave only when its expected saving beats its "
+                        f"cost, cut to the queries that pay (runtime/wave_gate.py), starting from the prior of the "
+                        f"--sidecar-deploy deployment (the bench places the sidecar, so the deployment is known); "
+                        f"{deployments.GATE_OFF}: always the full wave")
 
 
 def default_out(target: str, dataset: str) -> Path:
@@ -126,7 +121,8 @@ def hint_options(args: argparse.Namespace) -> HintOptions:
     """``--hints`` and ``--sidecar-*`` (and ``--dtype``, the sidecar server's too) as :class:`HintOptions`."""
     return HintOptions(source=args.hints, sidecar_url=args.sidecar_url, sidecar_model=args.sidecar_model,
                        sidecar_adapter=args.sidecar_adapter, sidecar_deploy=args.sidecar_deploy,
-                       sidecar_gate=args.sidecar_gate == "on", dtype=args.dtype, warm_tools=args.warm_tools)
+                       sidecar_gate=args.sidecar_gate == deployments.GATE_ON, dtype=args.dtype,
+                       warm_tools=args.warm_tools)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -164,11 +160,11 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"threads {threads[0]} ({threads[1]}); backend {backend[0]} ({backend[1]}); dtype {dtype[0]} ({dtype[1]})",
           file=sys.stderr)
     assistant = None
-    if "hf-assisted" in names and args.assistant:
+    if args.assistant and methods.drafting_with("assistant", names):
         assistant, _ = load_target(args.assistant, dtype=dtype[0], cache=args.cache, device=args.device)
     fmt = detect_format(tokenizer)
     sidecar_proc, hints = None, None
-    if "ooospec" in names:
+    if methods.uses_sidecar(names):
         sidecar_proc, hints = start_hints(hint_options(args), threads[0])
     try:
         return _run_with(args, names, records, out, threads, dtype, backend, gguf, model, tokenizer, assistant, fmt,
@@ -194,16 +190,16 @@ def _run_with(args, names, records, out, threads, dtype, backend, gguf, model, t
     env = environment(threads, dtype, args.dtype, model, roof)
     env.update(backend_env(backend, model))
     # the adapter behind method ooospec's sidecar hints: path, sha256 of its weights, layout (None: no sidecar)
-    env["sidecar_adapter"] = sidecar_adapter_record(hint_options(args)) if "ooospec" in names else None
+    env["sidecar_adapter"] = sidecar_adapter_record(hint_options(args)) if methods.uses_sidecar(names) else None
     config = {"target": args.target, "dataset": args.dataset, "methods": list(factories), "limit": args.limit,
-              "backend": backend[0], "reference": REFERENCES[backend[0]],
+              "backend": backend[0], "reference": methods.REFERENCES[backend[0]],
               "gguf": None if gguf is None else str(gguf),
               "max_new_tokens": args.max_new_tokens, "format": fmt.NAME, "assistant": args.assistant,
               "pld_tokens": args.pld_tokens, "warmup": args.warmup, "warm_tools": args.warm_tools,
-              "hints": args.hints if "ooospec" in names else None,
+              "hints": args.hints if methods.uses_sidecar(names) else None,
               "sidecar": ({"url": args.sidecar_url, "adapter": args.sidecar_adapter, "deployment": args.sidecar_deploy,
                            "gate": args.sidecar_gate}
-                          if "ooospec" in names and args.hints == "sidecar" else None)}
+                          if methods.uses_sidecar(names) and args.hints == methods.SIDECAR else None)}
     t0 = time.perf_counter()
 
     def save(results: dict, partial: bool) -> dict:
@@ -223,9 +219,9 @@ def _run_with(args, names, records, out, threads, dtype, backend, gguf, model, t
             raise SystemExit(str(e)) from e
         raise
     results = save(results, False)
-    print(report.markdown_table(results))
+    print(bench_report.markdown_table(results))
     print(f"wrote {out}")
     if args.report_dir is not None:
-        paths = report.write_report(results, args.report_dir)
+        paths = bench_report.write_report(results, args.report_dir)
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

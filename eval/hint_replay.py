@@ -36,10 +36,11 @@ from pathlib import Path
 
 from ooospec.reporting import md_table
 from ooospec.runtime.hints import HintBank, common_prefix, render_views, tokenize_views
+from ooospec.runtime.methods import BASELINE, GOLD, HINT_SOURCES, ORACLE, SIDECAR, hint_method
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("oracle", "gold", "real")
+SOURCES = tuple(h.label for h in HINT_SOURCES.values())     # oracle, gold, real (the sidecar's)
 MATCH_BUCKETS = ((1, 1), (2, 3), (4, 7))      # suffix lengths reported together
 
 
@@ -88,12 +89,12 @@ def bank_of(calls: Sequence[Mapping], fmt, tokenizer, views: Sequence[str] | Non
 
 def source_calls(rows: Mapping[str, Mapping], fmt, tokenizer) -> dict[str, list[dict] | None]:
     """``{source: calls or None (the report has no such rows)}`` for one request's rows ``{method: row}``."""
-    ar = rows["ar"]
+    ar = rows[BASELINE]
     out: dict[str, list[dict] | None] = {
-        "oracle": fmt.parse_calls(tokenizer.decode(ar["tokens"], skip_special_tokens=False))}
-    for source, method in (("gold", "ooospec-gold"), ("real", "ooospec")):
-        hints = (rows.get(method) or {}).get("hints")
-        out[source] = None if hints is None else ([hints["call"]] if hints.get("call") else [])
+        HINT_SOURCES[ORACLE].label: fmt.parse_calls(tokenizer.decode(ar["tokens"], skip_special_tokens=False))}
+    for source in (GOLD, SIDECAR):
+        hints = (rows.get(hint_method(source)) or {}).get("hints")
+        out[HINT_SOURCES[source].label] = None if hints is None else ([hints["call"]] if hints.get("call") else [])
     return out
 
 
@@ -149,14 +150,14 @@ def replay_report(path: Path, tokenizer, fmt, view_sets: Mapping[str, Sequence[s
     """``{view set: {source: Summary.row()}}`` over the requests of one report that have an ``ar`` row."""
     _, by_id = load_rows(path)
     sums = {vs: {s: Summary() for s in SOURCES} for vs in view_sets}
-    items = [rows for rows in by_id.values() if "ar" in rows]
+    items = [rows for rows in by_id.values() if BASELINE in rows]
     for rows in (progress(items) if progress else items):
         calls = source_calls(rows, fmt, tokenizer)
         for vs, views in view_sets.items():
             for source, cs in calls.items():
                 if cs is None:
                     continue
-                sums[vs][source].add(replay(rows["ar"]["tokens"], bank_of(cs, fmt, tokenizer, views)), bool(cs))
+                sums[vs][source].add(replay(rows[BASELINE]["tokens"], bank_of(cs, fmt, tokenizer, views)), bool(cs))
     return {vs: {s: m.row() for s, m in per.items() if m.requests} for vs, per in sums.items()}
 
 
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     from ooospec.runtime.models import gguf_path_of, gguf_tokenizer
 
     p = argparse.ArgumentParser(prog="python -m ooospec.eval.hint_replay", description=__doc__.split("\n")[0])
-    p.add_argument("reports", nargs="+", type=Path, help="bench JSON reports with 'ar' rows")
+    p.add_argument("reports", nargs="+", type=Path, help=f"bench JSON reports with {BASELINE!r} rows")
     p.add_argument("--views", default=None,
                    help="comma-separated view names to compare against all views (default: the base set "
                         + ",".join(BASE_VIEWS) + ")")

@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ooospec.eval.method_api import BenchContext, MethodResult
-from ooospec.runtime.methods import peers_of
+from ooospec.eval.method_api import BenchContext, BenchMethod, MethodResult
+from ooospec.runtime.methods import REGISTRY, peers_of
 
 PEERS = peers_of("llama.cpp")
 
@@ -100,16 +100,16 @@ class LlamaCppPeer:
 
 
 def peer_factory(name: str, gguf: str | Path, *, threads: int, pld_tokens: int, n_ctx: int = 4096):
-    """A method factory (``() -> fn(prompt_ids, ctx)``) for peer ``name``; the Llama instance is made once, on
-    first use, and shared by the factory's callables (each call resets its cache)."""
+    """A method factory (``() -> BenchMethod``) for peer ``name``; the Llama instance is made once, on first use,
+    and shared by the factory's methods (each call resets its cache)."""
     if name not in PEERS:
         raise ValueError(f"unknown llama.cpp peer {name!r}; known: {PEERS}")
     holder: dict = {}
 
-    def factory():
+    def factory() -> BenchMethod:
         if "peer" not in holder:
             holder["peer"] = LlamaCppPeer(gguf, threads=threads, n_ctx=n_ctx,
-                                          pld_tokens=pld_tokens if name == "llama.cpp-pld" else None)
-        return holder["peer"]
+                                          pld_tokens=pld_tokens if "pld" in REGISTRY[name].drafters else None)
+        return BenchMethod(holder["peer"], holder["peer"].warm)
 
     return factory

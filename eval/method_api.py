@@ -1,8 +1,9 @@
 """The benchmark's method API: what one method is given and what it returns for one prompt.
 
-A method is ``name -> factory() -> fn(prompt_ids, ctx) -> MethodResult``: engine methods (``ar``, ``pld``,
-``toolspec``, built in :mod:`ooospec.eval.harness`) and the HF ``generate`` peers (:mod:`ooospec.eval.peers`) both
-return a :class:`MethodResult`, so the harness treats them alike. This module imports nothing from ``ooospec``,
+A method is ``name -> factory() -> BenchMethod``, called as ``method(prompt_ids, ctx) -> MethodResult``: engine
+methods (``ar``, ``pld``, ``toolspec``, built in :mod:`ooospec.eval.bench_methods`) and the peers
+(:mod:`ooospec.eval.peers`, :mod:`ooospec.eval.llamacpp_peers`) all return a :class:`MethodResult`, so the harness
+treats them alike. This module imports nothing from ``ooospec``,
 so both sides can import it.
 """
 
@@ -58,5 +59,20 @@ class BenchContext:
         self.reference_tokens = None if tokens is None else list(tokens)
 
 
-MethodFn = Callable[[list[int], BenchContext], MethodResult]
-MethodFactory = Callable[[], MethodFn]
+@dataclass(frozen=True)
+class BenchMethod:
+    """One instance of a method: ``method(prompt_ids, ctx)`` decodes one prompt (its state carries over calls).
+
+    ``warm(prefix, ctx)`` is the bench's ``--warm-tools`` hook: untimed, it leaves ``prefix`` (the request's system
+    + tools block) in the cache the next call continues from; a call not preceded by it starts cold. None: the
+    method cannot continue from a cached prefix and always starts cold.
+    """
+
+    run: Callable[[list[int], BenchContext], MethodResult]
+    warm: Callable[[Sequence[int], BenchContext | None], None] | None = None
+
+    def __call__(self, prompt_ids: list[int], ctx: BenchContext) -> MethodResult:
+        return self.run(prompt_ids, ctx)
+
+
+MethodFactory = Callable[[], BenchMethod]

@@ -6,8 +6,9 @@ drafters and a :class:`~ooospec.runtime.hints.HintDrafter` on that request, and 
 blocking and, once the hint bank is ready, adds suffix-matched hint branches to the trees. The target stays the
 only commit authority: output == greedy AR whatever the sidecar answers, or whether it answers at all.
 
-Hint sources (:class:`BenchHints`): :class:`SidecarHints` (the real thing), and two ceilings through the same
-views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
+The bench's hint sources (:class:`BenchHints`, one per :data:`~ooospec.runtime.methods.HINT_SOURCES` name; each
+starts a request's :class:`~ooospec.runtime.hints.CallGuess`): :class:`SidecarHints` (the real thing), and two
+ceilings through the same views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
 
 - :class:`GoldHints` (``--hints gold``, method ``ooospec-gold``): the benchmark's gold call.
 - :class:`OracleHints` (``--hints oracle``, method ``ooospec-oracle``): the call the target itself writes for the
@@ -15,15 +16,8 @@ views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
   what the target writes (another argument order, spelling, value), so this is the ceiling of what any sidecar's
   hints can give: how fast ``ooospec`` could be with perfect, free hints.
 
-Deployments on one CPU box (:data:`DEPLOYMENTS`; the baselines always run at the bench's own threads):
-
-==============  ===============================  ===================================  =====================
-deployment      sidecar server                   target during an ooospec call        the target waits?
-==============  ===============================  ===================================  =====================
-``split``       pinned to the last core, 1 thr.  pinned to the other cores            never
-``shared``      all cores, bench threads         all cores, bench threads             never
-``wave-first``  all cores, bench threads         all cores, after the wave is ready   for the wave
-==============  ===============================  ===================================  =====================
+Where the sidecar runs on one CPU box is a deployment of :data:`~ooospec.runtime.deployments.DEPLOYMENTS` (its
+placement of the server and of the target during the call; the baselines always run at the bench's own threads).
 
 Per request the method reports (``row["hints"]``): the wave gate's decision (``wave``: skip / index / slots, the
 expected saving and cost in seconds, the queries asked; None without a gate), when the wave was submitted and
@@ -40,29 +34,19 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from ooospec.runtime.deployments import Deployment
+from ooospec.runtime.hints import CallGuess, HintBank
+from ooospec.runtime.methods import BASELINE, GOLD, ORACLE, SIDECAR
 from ooospec.runtime.metrics import nearest_rank
+
+if TYPE_CHECKING:
+    from ooospec.runtime.sidecar_client import HintRequest
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Deployment:
-    name: str
-    server_cpus: str        # "last" | "all"
-    server_threads: str     # "one" | "bench"
-    target_cpus: str        # "rest" | "all"
-    wait_for_wave: bool
-
-
-DEPLOYMENTS = {
-    "split": Deployment("split", "last", "one", "rest", False),
-    "shared": Deployment("shared", "all", "bench", "all", False),
-    "wave-first": Deployment("wave-first", "all", "bench", "all", True),
-}
-DEFAULT_DEPLOYMENT = "shared"
 WAVE_FIRST_TIMEOUT_S = 30.0
 
 
@@ -71,21 +55,29 @@ def cores() -> list[int]:
 
 
 def server_placement(deploy: Deployment, bench_threads: int) -> tuple[list[int] | None, int]:
-    """``(cpus, threads)`` for the sidecar server of ``deploy`` (cpus None = all)."""
-    all_cores = cores()
-    if deploy.server_cpus == "last":
+    """``(cpus, threads)`` for the sidecar server the bench starts for ``deploy`` (cpus None = all)."""
+    if deploy.placement is None:
+        raise ValueError(f"the bench cannot place a sidecar in deployment {deploy.name!r} ({deploy.summary})")
+    if deploy.placement.server_cpus == "last":
+        all_cores = cores()
         if len(all_cores) < 2:
-            raise ValueError("the split deployment needs at least 2 cores")
+            raise ValueError(f"the {deploy.name} deployment needs at least 2 cores")
         return [all_cores[-1]], 1
-    return None, bench_threads
+    return None, 1 if deploy.placement.server_threads == "one" else bench_threads
 
 
 class BenchHints(Protocol):
-    def start(self, ctx, arrival: float) -> Any:
-        """Begin this request's hints (never blocks, except ``wave-first``); returns the drafter's source."""
+    """A hint source of the bench: it starts each request's guess of the call and measures how it went."""
+
+    def warm(self, ctx) -> None:
+        """``--warm-tools`` (untimed, before the request's clock starts): prepare what the next guess reuses."""
         ...
 
-    def finish(self, source: Any, drafter, result) -> dict:
+    def start(self, ctx, arrival: float) -> CallGuess:
+        """Begin this request's guess (never blocks, except ``wave-first``)."""
+        ...
+
+    def finish(self, guess: CallGuess, drafter, result) -> dict:
         """End the request (cancel what is in flight) and return its instrumentation."""
         ...
 
@@ -99,13 +91,14 @@ class TimeZeroHints:
 
     name = ""
 
+    def warm(self, ctx) -> None:
+        """Nothing to prepare: the call is known at arrival."""
+
     def calls(self, ctx) -> list[dict]:
         """The calls of the request in ``ctx`` to hint with (only the first is used, like a sidecar's one call)."""
         raise NotImplementedError
 
-    def start(self, ctx, arrival: float):
-        from ooospec.runtime.hints import HintBank
-
+    def start(self, ctx, arrival: float) -> HintBank:
         t0 = time.perf_counter()
         calls = list(self.calls(ctx))[:1]
         bank = HintBank.from_calls(calls, ctx.fmt, ctx.tokenizer)
@@ -113,7 +106,7 @@ class TimeZeroHints:
         self._call = calls[0] if calls else None
         return bank
 
-    def finish(self, source, drafter, result) -> dict:
+    def finish(self, guess: CallGuess, drafter, result) -> dict:
         stats = drafter.stats(result).to_dict()
         return {**stats, "source": self.name, "ready_s": 0.0, "call": self._call,
                 "target_sidecar_s": self._build_s + stats["match_s"]}
@@ -122,7 +115,7 @@ class TimeZeroHints:
 class GoldHints(TimeZeroHints):
     """A ceiling: the record's gold call."""
 
-    name = "gold"
+    name = GOLD
 
     def calls(self, ctx) -> list[dict]:
         return ctx.record["calls"]
@@ -137,35 +130,30 @@ class OracleHints(TimeZeroHints):
         ValueError: ``ar`` has not run on this example first (no reference, or one for another record).
     """
 
-    name = "oracle"
+    name = ORACLE
 
     def calls(self, ctx) -> list[dict]:
         record_id = ctx.record.get("id")
         if ctx.reference_tokens is None or ctx.reference_id != record_id:
             have = "none" if ctx.reference_tokens is None else f"one for {ctx.reference_id!r}"
-            raise ValueError(f"oracle hints for {record_id!r} need the baseline 'ar' output of that same request "
-                             f"(have {have}): run 'ar' first on every example (the bench harness does)")
+            raise ValueError(f"{self.name} hints for {record_id!r} need the baseline {BASELINE!r} output of that same "
+                             f"request (have {have}): run {BASELINE!r} first on every example (the bench harness "
+                             f"does)")
         return ctx.fmt.parse_calls(ctx.tokenizer.decode(ctx.reference_tokens, skip_special_tokens=False))
 
 
-TIME_ZERO_HINTS: dict[str, type[TimeZeroHints]] = {"gold": GoldHints, "oracle": OracleHints}
-
-
-def wave_gate_for(deploy: Deployment):
-    """A :class:`~ooospec.runtime.wave_gate.WaveGate` starting from ``deploy``'s prior (``--sidecar-gate on``)."""
-    from ooospec.runtime.wave_gate import PRIORS, WaveGate
-
-    return WaveGate(PRIORS[deploy.name])
+TIME_ZERO_HINTS: dict[str, type[TimeZeroHints]] = {h.name: h for h in (GoldHints, OracleHints)}
 
 
 class SidecarHints:
     """Hints from a running sidecar server, deployed as ``deploy`` next to a bench running ``bench_threads``.
 
-    With a wave gate on the client (``client.gate``, :func:`wave_gate_for`) each request's wave is sent, cut to
-    the queries that pay, or skipped; the decision and its estimate are in the row's ``hints["wave"]``.
+    With a wave gate on the client (``client.gate``, a :class:`~ooospec.runtime.wave_gate.WaveGate` from the
+    deployment's prior) each request's wave is sent, cut to the queries that pay, or skipped; the decision and its
+    estimate are in the row's ``hints["wave"]``.
     """
 
-    name = "sidecar"
+    name = SIDECAR
 
     def __init__(self, client, deploy: Deployment, bench_threads: int):
         self.client = client
@@ -181,23 +169,23 @@ class SidecarHints:
 
         self.client.prefill(toolbox_messages(ctx.record["messages"]), ctx.record["tools"], wait=True)
 
-    def start(self, ctx, arrival: float):
+    def start(self, ctx, arrival: float) -> HintRequest:
         import torch
 
         self._ctx = ctx
         req = self.client.submit(ctx.record["messages"], ctx.record["tools"], fmt=ctx.fmt, tokenizer=ctx.tokenizer,
                                  arrival=arrival)
-        if self.deploy.target_cpus == "rest":
+        if self.deploy.placement is not None and self.deploy.placement.target_cpus == "rest":
             all_cores = cores()
             self._restore = (set(all_cores), torch.get_num_threads())
             rest = set(all_cores[:-1])
             os.sched_setaffinity(0, rest)
             torch.set_num_threads(len(rest))
-        if self.deploy.wait_for_wave:
-            req.wait(WAVE_FIRST_TIMEOUT_S)
+        if self.deploy.target_waits:
+            req.wait_call(WAVE_FIRST_TIMEOUT_S)
         return req
 
-    def finish(self, req, drafter, result) -> dict:
+    def finish(self, req: HintRequest, drafter, result) -> dict:
         import torch
 
         if self._restore is not None:
@@ -219,7 +207,7 @@ class SidecarHints:
         def rel(t: float | None) -> float | None:
             return None if t is None else t - arrival
 
-        return {**hint, "source": "sidecar", "deployment": self.deploy.name,
+        return {**hint, "source": self.name, "deployment": self.deploy.name,
                 "submit_s": rel(st.submit_t), "ready_s": rel(st.ready_t), "wave_s": st.wave_s,
                 "n_queries": st.n_queries, "payload_bytes": st.payload_bytes, "response_bytes": st.response_bytes,
                 "error": st.error, "call": st.call, "server": st.server,

@@ -9,12 +9,13 @@ next to it), on the llama.cpp backend:
 * ``T(n)``: seconds of one verification forward of ``n`` tree nodes (logits for every node) on a 400-token
   context, n = 1, 2, 4, 8, 16, 32; the fastest of ``--repeats``.
 * prefill tokens/s of a 400-token prompt; decode tokens/s of 64 greedy tokens, for our engine (``ar``: one-token
-  trees through :class:`~ooospec.runtime.llamacpp.LlamaCppKV`) and for llama-cpp-python's stock ``Llama.generate``
-  (the peer users run), same file, same threads, alternating, median of ``--repeats``.
-* batch-shape numerics: the same 16 tokens scored in one forward vs one at a time on the same cache; the largest
-  absolute logit difference and whether any argmax differs. llama.cpp's kernels depend on the batch size, so a
-  token verified inside a tree can get other logits than the same token decoded alone; the engine's tie margin
-  (:data:`ooospec.runtime.llamacpp.TIE_MARGIN`) has to cover it.
+  trees through :class:`~ooospec.runtime.llamacpp_kv.LlamaCppKV`) and for llama-cpp-python's stock
+  ``Llama.generate`` (the peer users run), same file, same threads, alternating, median of ``--repeats``.
+* batch-shape numerics (:func:`ooospec.runtime.llamacpp.batch_shape_diff` on a 400-token prompt): 16 tokens scored
+  in one forward vs one at a time on the same cache; the largest absolute logit difference and whether any argmax
+  differs. llama.cpp's kernels depend on the batch size, so a token verified inside a tree can get other logits
+  than the same token decoded alone; the engine's tie margin (:data:`ooospec.runtime.llamacpp.TIE_MARGIN`, or
+  twice this difference) has to cover it.
 
 Everything runs in this process, one measurement at a time; start it on an idle machine.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -73,19 +75,10 @@ def requantized(src: Path, fmt: str) -> Path:
     return dst
 
 
-def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
-    import torch
-
-    from ooospec.eval.llamacpp_peers import LlamaCppPeer
-    from ooospec.runtime.llamacpp import LlamaCppTarget
-    from ooospec.runtime.methods import REGISTRY
-
-    target = LlamaCppTarget(gguf, threads=threads, n_ctx=2048)
-    rng = random.Random(seed)
-    vocab = min(target.n_vocab, 32000)
-    prompt = [rng.randrange(100, vocab) for _ in range(CONTEXT)]
-    out: dict = {"file": gguf.name, "weights": target.weight_type, "bytes": gguf.stat().st_size}
-
+def forward_times(target, prompt: list[int], repeats: int, rng: random.Random) -> dict[int, float]:
+    """``{n: ms}``: the fastest of ``repeats`` timed forwards of an ``n``-node chain on top of ``prompt`` (after one
+    untimed round), interleaved across sizes."""
+    vocab = min(target.vocab_size, 32000)
     kv = target.new_kv_cache()
     kv.reset()
     kv.prefill(prompt)
@@ -97,25 +90,15 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
             kv.forward_tree(tree).argmax(dim=-1)
             times[n].append(time.perf_counter() - t0)
             kv.commit([])
-    out["T_ms"] = {n: round(1000 * min(ts[1:]), 2) for n, ts in times.items()}
+    return {n: round(1000 * min(ts[1:]), 2) for n, ts in times.items()}
 
-    # batch-shape numerics: 16 tokens (the model's own continuation) in one forward vs one at a time
-    ar = REGISTRY["ar"](target).generate(prompt, 16).tokens
-    chain = [prompt[-1]] + ar[:15]
-    kv = target.new_kv_cache()
-    kv.reset()
-    kv.prefill(prompt[:-1])
-    batched = kv.forward_tree(chain_tree(chain)).clone()
-    kv.commit([])
-    singles = []
-    for tok in chain:
-        singles.append(kv.forward_tree(chain_tree([tok]))[0].clone())
-        kv.commit([0])
-    singles = torch.stack(singles)
-    out["batch_vs_single"] = {"max_abs_logit_diff": float((batched - singles).abs().max()),
-                              "argmax_differs": bool((batched.argmax(-1) != singles.argmax(-1)).any())}
 
-    # prefill and decode: ours (engine, one-token trees) vs the stock bindings, alternating
+def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repeats: int) -> dict:
+    """Prefill and decode tokens/s, ours (the engine's ``ar``: one-token trees) vs the stock bindings, alternating;
+    medians of ``repeats``."""
+    from ooospec.eval.llamacpp_peers import LlamaCppPeer
+    from ooospec.runtime.methods import BASELINE, REGISTRY
+
     peer = LlamaCppPeer(gguf, threads=threads, n_ctx=2048)
     ours_pf, ours_dec, peer_pf, peer_dec = [], [], [], []
 
@@ -127,7 +110,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
         def stop(_):
             return False
 
-    engine = REGISTRY["ar"](target)
+    engine = REGISTRY[BASELINE](target)
     for _ in range(repeats):
         r = engine.generate(prompt, DECODE)
         ours_pf.append(CONTEXT / r.prefill_s)
@@ -136,9 +119,24 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
         peer_pf.append(CONTEXT / p.prefill_s)
         peer_dec.append((len(p.tokens) - 1) / p.decode_s)   # its first token comes with the prefill
     peer.close()
+    return {"prefill_tok_s": {"ours": statistics.median(ours_pf), "llama.cpp": statistics.median(peer_pf)},
+            "decode_tok_s": {"ours": statistics.median(ours_dec), "llama.cpp": statistics.median(peer_dec)}}
+
+
+def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
+    """One row of the report: forward times, batch-shape numerics, and prefill / decode next to llama.cpp."""
+    from ooospec.runtime.llamacpp import LlamaCppTarget, batch_shape_diff
+
+    target = LlamaCppTarget(gguf, threads=threads, n_ctx=2048)
+    rng = random.Random(seed)
+    vocab = min(target.vocab_size, 32000)
+    prompt = [rng.randrange(100, vocab) for _ in range(CONTEXT)]
+    out: dict = {"file": gguf.name, "weights": target.weight_type, "bytes": gguf.stat().st_size}
+    out["T_ms"] = forward_times(target, prompt, repeats, rng)
+    # 16 tokens (the model's own continuation) in one forward vs one at a time, on a CONTEXT-token prompt
+    out["batch_vs_single"] = dataclasses.asdict(batch_shape_diff(target, context=CONTEXT, chain=16, seed=seed))
+    out.update(prefill_and_decode(target, gguf, threads, prompt, repeats))
     target.close()
-    out.update(prefill_tok_s={"ours": statistics.median(ours_pf), "llama.cpp": statistics.median(peer_pf)},
-               decode_tok_s={"ours": statistics.median(ours_dec), "llama.cpp": statistics.median(peer_dec)})
     out["decode_vs_llamacpp"] = out["decode_tok_s"]["ours"] / out["decode_tok_s"]["llama.cpp"]
     return out
 

@@ -6,17 +6,17 @@ Run as::
     python -m ooospec.eval.transfer data/transfer eval/reports/transfer metrics/transfer.json   # what DVC runs
 
 The ``full`` matrix (every registry target on every benchmark; about two hours on the 2-core CPU box) is a named
-params set, ``eval/transfer_full.yaml`` (the default section with :data:`FULL`'s keys changed), written to its own
-folders so that the small default of ``dvc repro`` never overwrites it::
+params set, ``eval/transfer_full.yaml`` (the default section with :data:`~ooospec.eval.transfer_params.FULL`'s keys
+changed), written to its own folders so that the small default of ``dvc repro`` never overwrites it::
 
     nohup python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full metrics/transfer-full.json \
         --params eval/transfer_full.yaml > transfer_full.log 2>&1 &
 
-(:func:`full_command` returns exactly this; every report prints the command that made it). The same matrix with a
-warm toolbox (every method's system + tools block cached before the clock starts, the agent case) is the named set
-``eval/transfer_warm.yaml`` (:func:`named_command`), written to ``data/transfer-warm`` and
-``eval/reports/transfer-warm``. The wave gate (``transfer.sidecar_gate``, on by default) sends each request's sidecar
-wave only as far as it pays. Each cell (a target on a
+(:func:`~ooospec.eval.transfer_params.full_command` returns exactly this; every report prints the command that made
+it). The same matrix with a warm toolbox (every method's system + tools block cached before the clock starts, the
+agent case) is the named set ``eval/transfer_warm.yaml`` (:func:`~ooospec.eval.transfer_params.named_command`),
+written to ``data/transfer-warm`` and ``eval/reports/transfer-warm``. The wave gate (``transfer.sidecar_gate``, on
+by default) sends each request's sidecar wave only as far as it pays. Each cell (a target on a
 benchmark, every method interleaved per example as ``ooospec bench`` does) is its own JSON file under
 ``data/transfer/cells/``, rewritten after every example; a stopped or crashed run resumes where it stopped when the
 same command is run again (the cell files survive ``dvc repro``: the output is ``persist``), losing at most the
@@ -31,7 +31,7 @@ What runs. Per target: ``ar`` and stock ``hf-greedy`` always, then ``transfer.me
 ``hf-assisted`` (only where ``transfer.assistants`` names a same-vocabulary draft model for the target; elsewhere
 it is left out and the report says so, never replaced by a fallback), ``toolspec``, ``ooospec`` (hints from the
 ONE sidecar adapter ``transfer.sidecar_adapter``, served once for the whole matrix, deployed as
-``transfer.sidecar_deploy``, see :mod:`ooospec.eval.ooospec_method`) and ``ooospec-gold`` (gold hints at time
+``transfer.sidecar_deploy``, see :mod:`ooospec.runtime.deployments`) and ``ooospec-gold`` (gold hints at time
 zero: the ceiling, a diagnostic column). Every metric is :mod:`ooospec.runtime.metrics`'s.
 
 Outputs::
@@ -54,18 +54,32 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from ooospec.eval import harness, transfer_cell
+from ooospec.eval import harness, hint_sources, transfer_cell
+from ooospec.eval.bench_data import load_examples
+from ooospec.eval.bench_methods import build_methods, eos_ids
+from ooospec.eval.environment import environment
 from ooospec.eval.ooospec_method import summarize_hints
-from ooospec.pipelines.params import as_dict, load_section
+from ooospec.eval.summaries import json_safe
+from ooospec.eval.transfer_params import (
+    NAMED_SETS,
+    TransferParams,
+    full_command,
+    load_params,
+    named_command,
+    regenerate_command,
+)
+from ooospec.pipelines.params import as_dict
 from ooospec.pipelines.records import write_json
+from ooospec.runtime import methods as registry
 from ooospec.runtime import metrics
+from ooospec.runtime.methods import BASELINE, HF_REFERENCE, OOOSPEC, TOOLSPEC
 from ooospec.runtime.paths import PACKAGE_ROOT, resolve_benchmark
-from ooospec.runtime.sidecar_client import wait_idle
+from ooospec.runtime.sidecar_process import wait_idle
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -73,111 +87,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # the code a measurement depends on: a change here starts stored cells over (see transfer_cell)
-MEASURED_CODE = ("runtime", "eval/harness.py", "eval/peers.py", "eval/method_api.py",
-                 "eval/ooospec_method.py")
-HINT_METHODS = ("ooospec", "ooospec-gold")
+MEASURED_CODE = ("runtime", "eval/harness.py", "eval/bench_methods.py", "eval/bench_data.py", "eval/hint_sources.py",
+                 "eval/peers.py", "eval/method_api.py", "eval/ooospec_method.py")
 HEADER_KEYS = ("target", "benchmark", "env", "target_info", "notes")
-
-
-@dataclass(frozen=True)
-class TransferParams:
-    """params.yaml ``transfer``: the matrix and how each cell is measured (defaults = the small default matrix)."""
-
-    targets: tuple[str, ...] = ("qwen2.5-coder-0.5b",)      # registry names, HF ids or local folders
-    benchmarks: tuple[str, ...] = ("apibank-l1", "bfcl-simple-python")   # data/dedupe/eval/<name>.jsonl or paths
-    methods: tuple[str, ...] = ("pld", "hf-pld", "hf-assisted", "toolspec", "ooospec", "ooospec-gold")
-    assistants: dict = field(default_factory=lambda: {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"})
-    limit: int = 2                       # first N examples of each benchmark, by id
-    max_new_tokens: int = 128
-    warmup: int = 1
-    dtype: Literal["auto", "bf16", "fp32", "fp16"] = "auto"
-    threads: int = 0                     # 0 = the cores this process may use
-    pld_tokens: int = 10
-    sidecar_adapter: str = "adapters/sidecar"
-    sidecar_deploy: Literal["split", "shared", "wave-first"] = "shared"
-    sidecar_gate: bool = True            # each wave only as far as it pays (runtime/wave_gate.py); False: in full
-    warm_tools: bool = False             # True: every method's system + tools block cached before the clock starts
-    roofline: bool = True
-    seed: int = 0                        # of the bootstrap intervals
-    bootstrap_resamples: int = 2000
-    resume: bool = True
-    report_to: Literal["wandb", "none"] = "wandb"
-
-    def __post_init__(self):
-        unknown = [m for m in self.methods if m not in harness.KNOWN_METHODS]
-        if unknown:
-            raise ValueError(f"transfer.methods: unknown {unknown}; known: {list(harness.KNOWN_METHODS)}")
-        if not self.targets or not self.benchmarks:
-            raise ValueError("transfer.targets and transfer.benchmarks must not be empty")
-        for name, value in (("limit", self.limit), ("max_new_tokens", self.max_new_tokens),
-                            ("bootstrap_resamples", self.bootstrap_resamples)):
-            if value < 1:
-                raise ValueError(f"transfer.{name} must be >= 1, got {value}")
-        if self.warmup < 0 or self.threads < 0:
-            raise ValueError(f"transfer.warmup and transfer.threads must be >= 0, got {self.warmup}, {self.threads}")
-        bad = {k: v for k, v in self.assistants.items() if not (isinstance(k, str) and isinstance(v, str))}
-        if bad:
-            raise ValueError(f"transfer.assistants maps target -> draft model name, got {bad}")
-
-
-# The named `full` set: the default section with these keys replaced (see the module docstring).
-FULL: dict = {
-    "targets": ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m", "gemma-3-270m"],
-    "benchmarks": ["apibank-l1", "apibank-l2", "toolalpaca-real", "bfcl-simple-python", "bfcl-java",
-                   "bfcl-javascript"],
-    "limit": 4,
-}
-
-
-def exp_command(overrides: Mapping) -> str:
-    """``dvc repro transfer``, or the ``dvc exp run`` line that sets ``overrides`` (``transfer.*`` keys). A mapping
-    (``assistants``) cannot be replaced by ``-S`` (Hydra merges into it and splits keys at dots), so it is named
-    after the command as an edit of params.yaml.
-
-    >>> exp_command({"limit": 5, "targets": ["a", "b"]})
-    "dvc exp run transfer -S transfer.limit=5 -S 'transfer.targets=[a,b]'"
-    >>> exp_command({"assistants": {"big": "small"}})
-    'dvc repro transfer  # with params.yaml transfer.assistants: {big: small}'
-    """
-    sets, edits = [], []
-    for k, v in overrides.items():
-        if isinstance(v, dict):
-            edits.append(f"transfer.{k}: {{" + ", ".join(f"{a}: {b}" for a, b in v.items()) + "}")
-        elif isinstance(v, (list, tuple)):
-            sets.append(f"-S 'transfer.{k}=[{','.join(str(x) for x in v)}]'")
-        else:
-            sets.append(f"-S transfer.{k}={str(v).lower() if isinstance(v, bool) else v}")
-    command = "dvc exp run transfer " + " ".join(sets) if sets else "dvc repro transfer"
-    return command + (f"  # with params.yaml {'; '.join(edits)}" if edits else "")
-
-
-FULL_PARAMS = "eval/transfer_full.yaml"
-WARM_PARAMS = "eval/transfer_warm.yaml"     # the full matrix with a warm toolbox (warm_tools: true)
-WARM_QWEN_PARAMS = "eval/transfer_warm_qwen.yaml"   # the same on the two Qwen targets (same folders, same cells)
-NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm", WARM_QWEN_PARAMS: "warm"}
-
-
-def named_command(params_file: str) -> str:
-    """The command that runs the named params set ``params_file`` (a key of :data:`NAMED_SETS`) into its folders.
-
-    >>> named_command(WARM_PARAMS).split()[3:]
-    ['data/transfer-warm', 'eval/reports/transfer-warm', 'metrics/transfer-warm.json', '--params', \
-'eval/transfer_warm.yaml']
-    """
-    name = NAMED_SETS[params_file]
-    return (f"python -m ooospec.eval.transfer data/transfer-{name} eval/reports/transfer-{name} "
-            f"metrics/transfer-{name}.json --params {params_file}")
-
-
-def full_command() -> str:
-    """The command that runs the ``full`` matrix (the named params set :data:`FULL_PARAMS`)."""
-    return named_command(FULL_PARAMS)
-
-
-def regenerate_command(params: TransferParams) -> str:
-    """The command that reproduces a run of ``params``: the keys that differ from the defaults as overrides."""
-    given, default = as_dict(params), as_dict(TransferParams())
-    return exp_command({k: v for k, v in given.items() if v != default[k]})
 
 
 # ------------------------------------------------------------------------------------------ fingerprints
@@ -235,24 +147,22 @@ def target_info(model, tokenizer, fmt, sidecar: dict | None) -> dict:
 # ---------------------------------------------------------------------------------------------- the matrix
 
 
-COLD_ONLY = ("hf-pld", "hf-assisted")   # HF peers that cannot continue from a cached prefix (peers.check_continued)
-
-
 def target_methods(params: TransferParams, target: str) -> tuple[list[str], list[str]]:
     """``(methods in run order, notes)`` for one target: ``ar`` and ``hf-greedy`` first; ``hf-pld`` and
     ``hf-assisted`` left out (with a note) where the toolbox is warm, ``hf-assisted`` also where no draft model is
     configured for the target."""
     names, notes = list(params.methods), []
     if params.warm_tools:
-        for name in [n for n in COLD_ONLY if n in names]:
+        for name in [n for n in names if not registry.REGISTRY[n].warm_starts]:
             names.remove(name)
             notes.append(f"{name} left out: transformers' prompt lookup / assisted generation cannot start from a "
                          "cached prefix (it feeds the whole prompt on top of it; warm_tools)")
-    if "hf-assisted" in names and target not in params.assistants:
-        names.remove("hf-assisted")
-        notes.append(f"hf-assisted left out for {target}: no same-vocabulary draft model "
-                     f"(transfer.assistants names one for {sorted(params.assistants) or 'no target'})")
-    return list(dict.fromkeys([harness.BASELINE, harness.HF_REFERENCE, *names])), notes
+    if target not in params.assistants:
+        for name in registry.drafting_with("assistant", names):
+            names.remove(name)
+            notes.append(f"{name} left out for {target}: no same-vocabulary draft model "
+                         f"(transfer.assistants names one for {sorted(params.assistants) or 'no target'})")
+    return list(dict.fromkeys([BASELINE, HF_REFERENCE, *names])), notes
 
 
 def cell_key(params: TransferParams, target: str, benchmark: str, methods: Sequence[str], machine: dict,
@@ -260,10 +170,10 @@ def cell_key(params: TransferParams, target: str, benchmark: str, methods: Seque
     """The conditions a cell's rows were measured under (stored rows are reused only under an equal key)."""
     return {"target": target, "benchmark": benchmark, "methods": list(methods),
             "max_new_tokens": params.max_new_tokens, "warmup": params.warmup, "pld_tokens": params.pld_tokens,
-            "assistant": params.assistants.get(target) if "hf-assisted" in methods else None,
+            "assistant": params.assistants.get(target) if registry.drafting_with("assistant", methods) else None,
             "sidecar": ({"weights": sidecar["weights"], "deployment": params.sidecar_deploy,
                          "gate": params.sidecar_gate}
-                        if sidecar is not None and "ooospec" in methods else None),
+                        if sidecar is not None and registry.uses_sidecar(methods) else None),
             "warm_tools": params.warm_tools,
             "dtype": machine["dtype"], "threads": machine["threads"], "cpu": machine["cpu"], "code": code}
 
@@ -284,20 +194,20 @@ def target_summary(cells: Sequence[dict]) -> dict:
     accuracy over every request and over the calls that arrived). Keys are absent where the methods did not run."""
     rows = [r for c in cells for r in c["examples"]]
     by = {m: [r for r in rows if r["method"] == m] for m in {r["method"] for r in rows}}
-    ar = by[harness.BASELINE]
+    ar = by[BASELINE]
     out: dict = {"examples": len(ar), "call": metrics.call_accuracy([r["call_score"] for r in ar]),
                  # answers that hold no call and ran into the token budget (rambling or repeating text)
                  "budget_without_call": sum(r["stop_reason"] == "max_new_tokens" and not r["call_score"]["parsed"]
                                             for r in ar) / len(ar)}
     mean = {m: statistics.fmean(r["time_s"] for r in rs) for m, rs in by.items()}
     out["mean_s"] = mean
-    out["speedup"] = {m: metrics.speedup(mean[harness.BASELINE], t) for m, t in mean.items()}
-    if "toolspec" in mean:
-        for m in HINT_METHODS:
+    out["speedup"] = {m: metrics.speedup(mean[BASELINE], t) for m, t in mean.items()}
+    if TOOLSPEC in mean:
+        for m in registry.HINT_METHODS:
             if m in mean:
-                out[f"{m}_gain"] = metrics.speedup(mean["toolspec"], mean[m])
-                out[f"{m}_saved_s"] = mean["toolspec"] - mean[m]
-    hinted = [r for r in by.get("ooospec", []) if r.get("hints")]
+                out[f"{m}_gain"] = metrics.speedup(mean[TOOLSPEC], mean[m])
+                out[f"{m}_saved_s"] = mean[TOOLSPEC] - mean[m]
+    hinted = [r for r in by.get(OOOSPEC, []) if r.get("hints")]
     if hinted:
         waves = [r["hints"]["wave_s"] for r in hinted if r["hints"].get("wave_s") is not None]
         scores = [r["sidecar_call_score"] for r in hinted if r.get("sidecar_call_score")]
@@ -313,7 +223,7 @@ def target_summary(cells: Sequence[dict]) -> dict:
 
 def cell_metrics(cell: dict) -> dict:
     """The headline numbers of one cell for ``metrics/transfer.json``."""
-    base = cell["methods"][harness.BASELINE]
+    base = cell["methods"][BASELINE]
     out = {"examples": base["n"], "call": base["call"]["call"]}
     for name, s in cell["methods"].items():
         lo, hi = s["speedup_median_ci"]
@@ -327,8 +237,6 @@ def cell_metrics(cell: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-
-
 
 
 def _annotate_sidecar_scores(cell: dict, records: Mapping[str, dict]) -> None:
@@ -350,10 +258,11 @@ class SidecarServer:
     def hints(self):
         """The hint source for ``build_methods`` (starts the server on first use)."""
         if self._hints is None:
-            options = harness.HintOptions(source="sidecar", sidecar_adapter=self.params.sidecar_adapter,
-                                          sidecar_deploy=self.params.sidecar_deploy, dtype=self.params.dtype,
-                                          sidecar_gate=self.params.sidecar_gate, warm_tools=self.params.warm_tools)
-            self.process, self._hints = harness.start_hints(options, self.bench_threads)
+            options = hint_sources.HintOptions(sidecar_adapter=self.params.sidecar_adapter,
+                                               sidecar_deploy=self.params.sidecar_deploy, dtype=self.params.dtype,
+                                               sidecar_gate=self.params.sidecar_gate,
+                                               warm_tools=self.params.warm_tools)
+            self.process, self._hints = hint_sources.start_hints(options, self.bench_threads)
         return self._hints
 
     def settle(self) -> None:
@@ -395,21 +304,22 @@ def load(params: TransferParams, target: str, methods: Sequence[str], machine: d
     logger.info("loading %s", target)
     model, tokenizer = load_target(target, dtype=machine["dtype"])
     assistant = None
-    if "hf-assisted" in methods:
+    if registry.drafting_with("assistant", methods):
         assistant, _ = load_target(params.assistants[target], dtype=machine["dtype"])
         if not same_vocab(model, assistant):
             raise ValueError(f"transfer.assistants: {params.assistants[target]!r} does not share {target!r}'s "
                              f"vocabulary; remove that entry")
     fmt = detect_format(tokenizer)
-    factories, _ = harness.build_methods(
-        [m for m in methods if m not in (harness.BASELINE, harness.HF_REFERENCE)], model, tokenizer,
-        eos_token_ids=harness.eos_ids(model, tokenizer), pld_tokens=params.pld_tokens, assistant=assistant,
-        hints=server.hints if "ooospec" in methods else None)
+    factories, _ = build_methods(
+        [m for m in methods if m not in (BASELINE, HF_REFERENCE)], model, tokenizer,
+        eos_token_ids=eos_ids(model, tokenizer), pld_tokens=params.pld_tokens, assistant=assistant,
+        hints=server.hints if registry.uses_sidecar(methods) else None)
     assert list(factories) == list(methods), (list(factories), methods)
     threads = (machine["threads"], machine["threads_reason"])
-    env = {**harness.environment(threads, (machine["dtype"], machine["dtype_reason"]), params.dtype, model, roofline),
-           "deployment": params.sidecar_deploy if "ooospec" in methods else None,
-           "sidecar_gate": params.sidecar_gate if "ooospec" in methods else None, "warm_tools": params.warm_tools}
+    env = {**environment(threads, (machine["dtype"], machine["dtype_reason"]), params.dtype, model, roofline),
+           "deployment": params.sidecar_deploy if registry.uses_sidecar(methods) else None,
+           "sidecar_gate": params.sidecar_gate if registry.uses_sidecar(methods) else None,
+           "warm_tools": params.warm_tools}
     return LoadedTarget(model, tokenizer, fmt, factories, env, target_info(model, tokenizer, fmt, sidecar))
 
 
@@ -471,15 +381,15 @@ def run(params: TransferParams, cells_dir: Path, report_dir: Path, metrics_path:
     machine = {"cpu": hardware.cpu_info()["model"], "threads": threads[0], "threads_reason": threads[1],
                "dtype": dtype[0], "dtype_reason": dtype[1]}
     logger.info("threads %d (%s); dtype %s (%s)", threads[0], threads[1], dtype[0], dtype[1])
-    benchmarks = {b: harness.load_examples(resolve_benchmark(b), params.limit) for b in params.benchmarks}
+    benchmarks = {b: load_examples(resolve_benchmark(b), params.limit) for b in params.benchmarks}
     adapter = Path(params.sidecar_adapter)
-    if "ooospec" in params.methods and not (adapter / "adapter_config.json").is_file():
+    if registry.uses_sidecar(params.methods) and not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(
             f"transfer.sidecar_adapter {adapter}: no adapter there (adapter_config.json missing). Export the shipped "
             f"one (`ooospec export RUN adapters/sidecar`), or point the stage at another, e.g. "
             f"`dvc exp run -S transfer.sidecar_adapter=models/sidecar/adapter`; or leave ooospec out of "
             f"transfer.methods")
-    sidecar = sidecar_info(adapter) if "ooospec" in params.methods else None
+    sidecar = sidecar_info(adapter) if registry.uses_sidecar(params.methods) else None
     code = code_fingerprint()
     cells: list[dict] = []
     with SidecarServer(params, threads[0]) as server:
@@ -499,7 +409,7 @@ def stage_results(params: TransferParams, cells: Sequence[dict], *, machine: dic
                   started: str, wall_s: float, params_path: Path | None = None) -> dict:
     """The stage's JSON from its compact cells: params, the commands that reproduce it, machine, sidecar, cells,
     and per target its facts (:func:`target_info`) and pooled figures (:func:`target_summary`)."""
-    return harness.json_safe({
+    return json_safe({
         "params": as_dict(params), "params_file": str(params_path) if params_path else None,
         "command": (named_command(str(params_path)) if params_path is not None and str(params_path) in NAMED_SETS
                     else regenerate_command(params)),
@@ -518,8 +428,8 @@ def write_outputs(results: dict, report_dir: Path, metrics_path: Path) -> list[P
     from ooospec.eval import transfer_report
 
     write_json(report_dir / "transfer.json", results)
-    write_json(metrics_path, harness.json_safe({
-        "wall_s": results["wall_s"], "examples": sum(c["methods"][harness.BASELINE]["n"] for c in results["cells"]),
+    write_json(metrics_path, json_safe({
+        "wall_s": results["wall_s"], "examples": sum(c["methods"][BASELINE]["n"] for c in results["cells"]),
         "cells": {f"{c['target']}/{Path(c['benchmark']).stem}": cell_metrics(c) for c in results["cells"]}}))
     return [report_dir / "transfer.json", metrics_path, *transfer_report.write_reports(results, report_dir)]
 
@@ -529,7 +439,7 @@ def log_wandb(results: dict, wandb_dir: Path, report_dir: Path) -> None:
     ``WANDB_MODE`` or ``WANDB_API_KEY``."""
     import wandb
 
-    from ooospec.eval import transfer_report
+    from ooospec.eval import transfer_tables
     from ooospec.pipelines.tracking import configure_wandb
 
     configure_wandb("wandb", wandb_dir.parent, "ooo-spec")
@@ -537,18 +447,13 @@ def log_wandb(results: dict, wandb_dir: Path, report_dir: Path) -> None:
                      dir=str(wandb_dir.parent))
     try:
         logged = {f"transfer/{t.slug}": wandb.Table(columns=t.headers, data=[[c.text for c in row] for row in t.rows])
-                  for t in transfer_report.tables(results)}
+                  for t in transfer_tables.tables(results)}
         logged["transfer/report"] = wandb.Html(str(report_dir / "transfer.html"))
         logged["transfer/speedup_plot"] = wandb.Image(str(report_dir / "speedup.png"))
         run.log(logged)
         run.summary.update({"wall_s": results["wall_s"], "machine": results["machine"]})
     finally:
         run.finish()
-
-
-def load_params(path: Path) -> TransferParams:
-    """The ``transfer`` section of the params file at ``path``."""
-    return load_section(TransferParams, "transfer", path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ example with everything measured so far::
     {"key": {...},          what the rows were measured under: target, benchmark, methods, budget, dtype,
                             threads, deployment, sidecar adapter, CPU, code fingerprint
      "examples": [rows],    one row per example and method (eval/harness.py's rows, plus "call" / "call_score")
-     "methods": {name: summary},   eval/harness.py's summary + speedup_median_ci, call accuracy, wave latency
+     "methods": {name: summary},   eval/summaries.py's summary + speedup_median_ci, call accuracy, wave latency
      "sessions": [{"started", "wall_s", "examples", "loadavg_start", "loadavg_end"}],
      "partial": bool, "limit": int, ...header (env, target_info, notes)}
 
@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ooospec.eval import harness
+from ooospec.eval import summaries
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import metrics
+from ooospec.runtime.methods import BASELINE, SIDECAR
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def sidecar_call_score(row: dict, record: dict) -> metrics.CallScore | None:
     """The sidecar's joined call of an ``ooospec`` row against gold (no call: a wave that failed or came late);
     None for rows without sidecar hints."""
     hints = row.get("hints") or {}
-    if hints.get("source") != "sidecar":
+    if hints.get("source") != SIDECAR:
         return None
     call = hints.get("call")
     return metrics.score_call([call] if call else [], record["calls"], (record.get("meta") or {}).get("allowed"))
@@ -105,13 +106,13 @@ def sidecar_call_score(row: dict, record: dict) -> metrics.CallScore | None:
 
 def summarize_cell(rows: Sequence[dict], methods: Sequence[str], records: Mapping[str, dict], fmt, *,
                    roofline: dict | None, seed: int, num_resamples: int) -> dict:
-    """``{method: summary}``: :func:`ooospec.eval.harness.summarize` plus, per method, ``speedup_median_ci`` (the
+    """``{method: summary}``: :func:`ooospec.eval.summaries.summarize` plus, per method, ``speedup_median_ci`` (the
     bootstrap 95% interval of the median per-example ratio), ``call`` (call accuracy of the method's own output
     vs gold) and, for hint methods, ``hints.median_wave_s`` and ``hints.sidecar_call`` (the sidecar's call vs gold).
     """
     score_rows(rows, records, fmt)
-    summary = harness.summarize(rows, methods, roofline=roofline)
-    base = {r["id"]: r["time_s"] for r in rows if r["method"] == harness.BASELINE}
+    summary = summaries.summarize(rows, methods, roofline=roofline)
+    base = {r["id"]: r["time_s"] for r in rows if r["method"] == BASELINE}
     for name in methods:
         own = [r for r in rows if r["method"] == name]
         ratios = [metrics.speedup(base[r["id"]], r["time_s"]) for r in own]
@@ -159,7 +160,7 @@ def run_cell(path: Path, key: Mapping, records: Sequence[dict], measure: Measure
                 "methods": summarize_cell(rows, key["methods"], by_id, fmt, roofline=roofline, seed=seed,
                                           num_resamples=num_resamples),
                 "examples": sorted(rows, key=lambda r: (r["id"], key["methods"].index(r["method"])))}
-        cell = harness.json_safe(cell)
+        cell = summaries.json_safe(cell)
         write_json(path, cell)
         return cell
 

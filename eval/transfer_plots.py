@@ -22,15 +22,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from ooospec.eval.transfer_data import methods_of, targets_of
+from ooospec.eval.transfer_data import CEILING, methods_of, targets_of
+from ooospec.runtime.methods import BASELINE, HF_REFERENCE, OOOSPEC, REGISTRY, SIDECAR, TOOLSPEC
 
-# one colour per method, the same in every figure and in the HTML legend
+# one colour per method, the same in every figure and in the HTML legend (a palette: presentation, keyed by name)
 METHOD_COLORS = {
     "ar": "#8c8c8c", "hf-greedy": "#b0b0b0", "pld": "#9ecae1", "hf-pld": "#6baed6", "hf-assisted": "#2171b5",
     "toolspec": "#fd8d3c", "ooospec": "#d62728", "ooospec-gold": "#7b3294",
     "pld-fixed": "#c6dbef", "toolspec-fixed": "#fdd0a2",
 }
-ENGINE_DRAFTERS = ("pld", "toolspec", "ooospec", "ooospec-gold", "pld-fixed", "toolspec-fixed")
+ENGINE_DRAFTERS = tuple(n for n, m in REGISTRY.items() if m.is_engine and m.drafters)
 MAX_BIN = 12          # the accepted-length histogram's last bin is ">= MAX_BIN tokens"
 TIMELINE_REQUESTS = 3
 # svg.hashsalt + no date: the same JSON gives byte-identical figures (DVC sees no change on a rerun)
@@ -51,7 +52,7 @@ def speedup_figure(results: dict) -> Figure:
     a dot at the median per-example speedup vs AR and a line over its bootstrap 95% interval; a cross at the ratio
     of mean times. Log x axis, 1x dashed."""
     targets = targets_of(results)
-    methods = [m for m in methods_of(results) if m not in ("ar", "hf-greedy")]
+    methods = [m for m in methods_of(results) if m not in (BASELINE, HF_REFERENCE)]
     benches = list(dict.fromkeys(benchmark_name(c) for c in results["cells"]))
     band = 0.8 / max(len(methods), 1)
     width = min(max(4.6 * len(targets), 8.0), 17.0)
@@ -128,7 +129,7 @@ def timeline_rows(results: dict, limit: int = TIMELINE_REQUESTS) -> list[tuple[d
     """Up to ``limit`` ``(cell, ooospec row)`` pairs with sidecar hints, one per target first, waves that arrived
     preferred."""
     found = [(c, r) for c in results["cells"] for r in c["examples"]
-             if r["method"] == "ooospec" and (r.get("hints") or {}).get("source") == "sidecar" and r.get("step_s")]
+             if r["method"] == OOOSPEC and (r.get("hints") or {}).get("source") == SIDECAR and r.get("step_s")]
     found.sort(key=lambda cr: ((cr[1]["hints"].get("ready_s") is None), cr[1]["id"]))
     picked, targets = [], set()
     for c, r in found:
@@ -148,7 +149,7 @@ def _steps(ax, y: float, row: dict, height: float = 0.56) -> None:
     t = setup + row["prefill_s"]
     base = color(row["method"])
     for dt, acc in zip(row["step_s"] or [], row.get("accepted") or []):
-        shade = 1.0 if row["method"] == "ar" else 0.3 + 0.7 * min(acc, 8) / 8
+        shade = 1.0 if row["method"] == BASELINE else 0.3 + 0.7 * min(acc, 8) / 8
         ax.barh(y, dt, left=t, height=height, color=base, alpha=shade, edgecolor="white", lw=0.3)
         t += dt
 
@@ -162,7 +163,7 @@ def timeline_figure(results: dict) -> Figure | None:
     fig, axes = plt.subplots(len(picked), 1, figsize=(11, 1.55 * len(picked) + 0.5), squeeze=False)
     for ax, (cell, row) in zip(axes[:, 0], picked):
         same = {r["method"]: r for r in cell["examples"] if r["id"] == row["id"]}
-        lanes = [m for m in ("ar", "toolspec", "ooospec") if m in same]
+        lanes = [m for m in (BASELINE, TOOLSPEC, OOOSPEC) if m in same]
         labels = []
         for k, m in enumerate(lanes):
             r = same[m]
@@ -202,11 +203,11 @@ def cost_gain_figure(results: dict) -> Figure | None:
     """Per target: mean seconds per request that hints save over ToolSpec (the sidecar's, and gold hints' as the
     ceiling) next to the sidecar's cost: its wave (compute beside the target) and the target's own sidecar work."""
     rows = [(t, results["targets"][t]["summary"]) for t in targets_of(results)
-            if "ooospec_saved_s" in results["targets"][t]["summary"]]
+            if f"{OOOSPEC}_saved_s" in results["targets"][t]["summary"]]
     if not rows:
         return None
-    series = [("saved by sidecar hints", lambda s: s.get("ooospec_saved_s"), color("ooospec")),
-              ("saved by gold hints (ceiling)", lambda s: s.get("ooospec-gold_saved_s"), color("ooospec-gold")),
+    series = [("saved by sidecar hints", lambda s: s.get(f"{OOOSPEC}_saved_s"), color(OOOSPEC)),
+              ("saved by gold hints (ceiling)", lambda s: s.get(f"{CEILING}_saved_s"), color(CEILING)),
               ("sidecar wave (mean s)", lambda s: (s.get("hints") or {}).get("mean_wave_s"), "#2ca02c"),
               ("target-side sidecar work", lambda s: (s.get("hints") or {}).get("mean_target_sidecar_s"), "#bdbdbd")]
     fig, ax = plt.subplots(figsize=(10, 1.5 + 0.95 * len(rows)))

@@ -5,7 +5,8 @@ vLLM plain, and each speculative method's speedup over vLLM plain and over llama
 forward), draft tokens accepted per verify step, and exactness against vLLM's greedy output (near-ties / defects).
 Where the cell has ``vllm-prefill`` rows (time to the first token), also the prefill's share of vLLM plain's time
 and each method's decode speedup (both times less the prefill): the part a drafter can change.
-Writes ``DIR/table.md`` and prints it.
+Writes ``DIR/table.md`` and prints it. :func:`render_table` is one run's table, which ``ooospec vllm-bench`` prints
+and writes beside the run's JSON.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import json
 from pathlib import Path
 
 from ooospec.reporting import md_table
+from ooospec.runtime.methods import LLAMACPP_REFERENCE, VLLM_PREFILL, VLLM_REFERENCE
 
-HEADERS = ["target", "benchmark", "n", "llama.cpp s", "vllm s", "prefill s", "method", "mean s", "vs vllm",
-           "decode vs vllm", "vs llama.cpp", "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
-SKIP = ("vllm", "vllm-prefill")     # the reference and the prefill probe are columns, not rows
+HEADERS = ["target", "benchmark", "n", f"{LLAMACPP_REFERENCE} s", f"{VLLM_REFERENCE} s", "prefill s", "method",
+           "mean s", f"vs {VLLM_REFERENCE}", f"decode vs {VLLM_REFERENCE}", f"vs {LLAMACPP_REFERENCE}", "#MAT",
+           "accepted / verify step", "identical", "near-ties", "defects"]
+SKIP = (VLLM_REFERENCE, VLLM_PREFILL)     # the reference and the prefill probe are columns, not rows
 
 
 def caching(env: dict) -> str:
@@ -40,15 +43,16 @@ def cells(folder: Path) -> list[dict]:
 
 def rows_of(cell: dict) -> list[list]:
     m = cell["methods"]
-    llama = m.get("llama.cpp", {}).get("mean_s")
-    prefill = m.get("vllm-prefill", {}).get("mean_s")
+    llama = m.get(LLAMACPP_REFERENCE, {}).get("mean_s")
+    prefill = m.get(VLLM_PREFILL, {}).get("mean_s")
     rows = []
     for name in cell["order"]:
         if name in SKIP:
             continue
         s = m[name]
         rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
-                     f"{m['vllm']['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", name, f"{s['mean_s']:.2f}",
+                     f"{m[VLLM_REFERENCE]['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", name,
+                     f"{s['mean_s']:.2f}",
                      f"{s['speedup']:.2f}x", f"{s['decode_speedup']:.2f}x" if "decode_speedup" in s else "",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",
                      f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}"
@@ -68,6 +72,31 @@ def render(folder: Path) -> str:
             f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
     rows = [r for cell in found for r in rows_of(cell)]
     return head + "\n\n" + md_table(HEADERS, rows, labels=2)
+
+
+def _identical(s: dict) -> str:
+    if "exact_rate" not in s:
+        return ""
+    return f"{s['exact_rate']:.0%}" + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else "")
+
+
+def render_table(results: dict) -> str:
+    """One vllm-bench run's table: per method its times, speedups, #MAT, acceptance and exactness."""
+    env = results["env"]
+    head = (f"{results['target']} on {results['dataset']}: vLLM {env['vllm']}, {env['dtype']}, {env['threads']} "
+            f"threads, batch 1, {caching(env)}, k={env['k']} (ngram {env['ngram_k']})")
+    rows = []
+    for name, s in results["methods"].items():
+        rows.append([name, s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}",
+                     f"{s['speedup']:.2f}x" if "speedup" in s else "",
+                     f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "",
+                     f"{s['mat']:.2f}" if "mat" in s else "",
+                     f"{s['accepted_per_step']:.2f}" if "accepted_per_step" in s else "",
+                     _identical(s),
+                     s.get("near_ties", ""), s.get("defects", "")])
+    return head + "\n\n" + md_table(["method", "n", "mean s", "median s", f"vs {VLLM_REFERENCE}",
+                                     f"vs {LLAMACPP_REFERENCE}", "#MAT", "accepted / verify step",
+                                     f"identical to {VLLM_REFERENCE}", "near-ties", "defects"], rows)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

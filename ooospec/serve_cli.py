@@ -15,19 +15,21 @@ import argparse
 import logging
 from pathlib import Path
 
-from ooospec.runtime.methods import SERVED
+from ooospec.runtime import deployments
+from ooospec.runtime.methods import OOOSPEC, SERVED, TOOLSPEC, default_served, get_method
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="registry name (ooospec models list), local HF folder or hub id")
     p.add_argument("--method", choices=SERVED, default=None,
-                   help="decoding method (default: ooospec with --sidecar, else toolspec); output is greedy either way")
+                   help=f"decoding method (default: {OOOSPEC} with --sidecar, else {TOOLSPEC}); output is greedy "
+                        f"either way")
     p.add_argument("--sidecar", default=None, metavar="URL",
-                   help="a running sidecar server (ours or vLLM) for method ooospec, e.g. http://127.0.0.1:8765")
-    p.add_argument("--sidecar-gate", choices=("off", "shared", "split", "remote"), default="off",
-                   help="send each wave only as far as it is expected to pay, starting from this deployment's prior "
-                        "(shared: the sidecar on the server's cores; split: a core of its own; remote: another "
-                        "machine or an accelerator); off: always the full wave")
+                   help=f"a running sidecar server (ours or vLLM) for method {OOOSPEC}, e.g. http://127.0.0.1:8765")
+    p.add_argument("--sidecar-gate", choices=deployments.SERVE_GATE_CHOICES, default=deployments.GATE_OFF,
+                   help="send each wave only as far as it is expected to pay, starting from this deployment's prior ("
+                        + "; ".join(f"{n}: {deployments.DEPLOYMENTS[n].summary}" for n in deployments.SERVE_DEPLOYMENTS)
+                        + f"); {deployments.GATE_OFF}: always the full wave")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000)")
     p.add_argument("--served-name", default=None, help="the model name clients send (default: --target)")
@@ -54,9 +56,9 @@ def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime.sidecar_client import SidecarClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    method = args.method or ("ooospec" if args.sidecar else "toolspec")
-    if method == "ooospec" and not args.sidecar:
-        raise SystemExit("--method ooospec needs --sidecar URL (start one with `ooospec sidecar serve`)")
+    method = args.method or default_served(with_sidecar=bool(args.sidecar))
+    if get_method(method).uses_sidecar and not args.sidecar:
+        raise SystemExit(f"--method {method} needs --sidecar URL (start one with `ooospec sidecar serve`)")
     try:
         limits = override_limits(Limits(), args.limit)
     except ValueError as e:
@@ -71,10 +73,10 @@ def run_cli(args: argparse.Namespace) -> int:
         sessions = SessionStore(model, max_sessions=args.max_sessions,
                                 prefix_cache=PrefixCache(max_bytes=max(args.prefix_cache_mb, 1) << 20))
     gate = None
-    if args.sidecar and args.sidecar_gate != "off":
-        from ooospec.runtime.wave_gate import PRIORS, WaveGate
+    if args.sidecar and args.sidecar_gate != deployments.GATE_OFF:
+        from ooospec.runtime.wave_gate import WaveGate
 
-        gate = WaveGate(PRIORS[args.sidecar_gate])
+        gate = WaveGate(deployments.DEPLOYMENTS[args.sidecar_gate].prior)
     sidecar = SidecarClient(args.sidecar, gate=gate) if args.sidecar else None
     chat = ChatModel(model, tok, method=method, sidecar=sidecar, sessions=sessions)
     serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT,

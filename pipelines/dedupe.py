@@ -109,8 +109,8 @@ def dialogue_key(rec: dict) -> str | None:
 
 # ---------------------------------------------------------------- the stage
 
-def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[str, list[dict]], dict]:
-    """Split records into (train, {benchmark: records}, stats). Pure: no I/O."""
+def route(params: DedupeParams, records: list[dict]) -> tuple[dict[str, list[dict]], list[dict], Counter]:
+    """Records in id order -> ({benchmark: records}, training records, {"source/split": count} of the unused)."""
     split_to_bench = {v: k for k, v in params.eval_sets.items()}
     train_splits = set(params.train_splits)
     evals: dict[str, list[dict]] = defaultdict(list)
@@ -124,25 +124,29 @@ def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[
             train_in.append(rec)
         else:
             unused[key] += 1
+    return evals, train_in, unused
 
-    stats: dict = {"eval": {}, "train": {}, "unused_splits": dict(sorted(unused.items()))}
-    # benchmarks: count (and optionally drop) internal duplicates
-    for bench in sorted(params.eval_sets):
-        recs = evals.get(bench, [])
-        seen, kept, dups = set(), [], 0
-        for r in recs:
-            k = normalized_key(r)
-            if k in seen:
-                dups += 1
-                if params.drop_eval_duplicates:
-                    continue
-            seen.add(k)
-            kept.append(r)
-        evals[bench] = kept
-        stats["eval"][bench] = {"records": len(kept), "normalized_duplicates": dups,
-                                "dropped_duplicates": dups if params.drop_eval_duplicates else 0,
-                                "calls": sum(len(r["calls"]) for r in kept)}
 
+def benchmark(params: DedupeParams, recs: list[dict]) -> tuple[list[dict], dict]:
+    """One benchmark as published: its internal normalized duplicates counted (dropped with
+    ``drop_eval_duplicates``); returns (records, stats)."""
+    seen, kept, dups = set(), [], 0
+    for r in recs:
+        k = normalized_key(r)
+        if k in seen:
+            dups += 1
+            if params.drop_eval_duplicates:
+                continue
+        seen.add(k)
+        kept.append(r)
+    return kept, {"records": len(kept), "normalized_duplicates": dups,
+                  "dropped_duplicates": dups if params.drop_eval_duplicates else 0,
+                  "calls": sum(len(r["calls"]) for r in kept)}
+
+
+def filter_train(params: DedupeParams, train_in: list[dict],
+                 evals: dict[str, list[dict]]) -> tuple[list[dict], dict[str, Counter]]:
+    """Training records without duplicates and leaks: (kept, {reason: per-source count of the removed})."""
     eval_requests, eval_pairs, eval_dialogues = set(), set(), set()
     for recs in evals.values():
         for r in recs:
@@ -150,8 +154,7 @@ def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[
             eval_pairs |= pair_keys(r)
             if (d := dialogue_key(r)) is not None:
                 eval_dialogues.add(d)
-
-    removed: dict[str, Counter] = defaultdict(Counter)   # reason -> per source
+    removed: dict[str, Counter] = defaultdict(Counter)
     seen_exact: set[str] = set()
     seen_norm: set[str] = set()
     train: list[dict] = []
@@ -176,7 +179,16 @@ def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[
             removed["leak_benchmark_tool_docs"][src] += 1
         else:
             train.append(r)
+    return train, removed
 
+
+def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[str, list[dict]], dict]:
+    """Split records into (train, {benchmark: records}, stats). Pure: no I/O."""
+    evals, train_in, unused = route(params, records)
+    stats: dict = {"eval": {}, "train": {}, "unused_splits": dict(sorted(unused.items()))}
+    for bench in sorted(params.eval_sets):
+        evals[bench], stats["eval"][bench] = benchmark(params, evals.get(bench, []))
+    train, removed = filter_train(params, train_in, evals)
     per_source_in, per_source_out = Counter(r["source"] for r in train_in), Counter(r["source"] for r in train)
     per_split_out = Counter(f"{r['source']}/{r['split']}" for r in train)
     stats["train"] = {

@@ -39,7 +39,7 @@ import logging
 import os
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +269,68 @@ def load_sidecar(adapter_dir: Path | None, params: EvalSidecarParams, base: str 
             dtype, why)
 
 
+@dataclass
+class Answered:
+    """What the waves answered, request by request (:func:`answer_requests`)."""
+
+    slots: list[dict] = field(default_factory=list)    # every slot asked (direct-call ones included) ...
+    answers: list[str] = field(default_factory=list)   # ... and its raw answer
+    joined: list[dict | None] = field(default_factory=list)   # per request with a gold call: the joined hint
+    gold_calls: list[dict] = field(default_factory=list)      # ... and that gold call
+    per_row: list[tuple] = field(default_factory=list)        # (source, slots, answers, joined, gold): by_source
+    waves: dict[str, list] = field(default_factory=lambda: {k: [] for k in (
+        "wave_s", "prefill_s", "decode_s", "queries", "forwards", "block_tokens")})   # per timed wave
+    num_forwards: int = 0
+    evaluated: int = 0
+
+
+def answer_requests(sidecar: Any, chosen: Sequence[dict], params: EvalSidecarParams) -> Answered:
+    """One timed wave per request (then, with ``direct_call``, an untimed direct-call pass), in ``chosen`` order,
+    until ``max_forwards`` decode forwards are spent."""
+    out = Answered()
+    sidecar.answer(row_wave(chosen[0], sp.WAVE_FORMS)[0])  # warm-up: allocator, kernels, caches
+    for row in tqdm(chosen, desc="eval_sidecar", unit="req"):
+        if params.max_forwards and out.num_forwards >= params.max_forwards:
+            logger.info("max_forwards=%d spent after %d of %d requests: stopping", params.max_forwards,
+                        out.evaluated, len(chosen))
+            break
+        out.evaluated += 1
+        wave, slots = row_wave(row, sp.WAVE_FORMS)
+        slots = [{**s, "in_block": in_block(s, row["block"])} for s in slots]
+        result = sidecar.answer(wave)
+        for key, value in (("wave_s", result.wave_s), ("prefill_s", result.prefill_s),
+                           ("decode_s", result.decode_s), ("queries", len(slots)),
+                           ("forwards", result.n_forwards), ("block_tokens", result.block_tokens)):
+            out.waves[key].append(value)
+        out.num_forwards += result.n_forwards
+        out.slots += slots
+        out.answers += result.answers
+        call_slot = next((s for s in row["slots"] if s["form"] == "direct_call"), None)
+        gold = row_joined = None
+        if call_slot is not None:
+            gold = json.loads(call_slot["answer"])
+            row_joined = sp.join_answers(row["tools"], wave, result.answers)
+            out.gold_calls.append(gold)
+            out.joined.append(row_joined)
+        out.per_row.append((source_of(row), slots, list(result.answers), row_joined, gold))
+        if call_slot is not None and params.direct_call:
+            dc_wave, dc_slots = row_wave(row, ("direct_call",))
+            dc_result = sidecar.answer(dc_wave)
+            out.num_forwards += dc_result.n_forwards
+            out.slots += dc_slots
+            out.answers += dc_result.answers
+    return out
+
+
+def _latency(waves: dict[str, list], threads: int) -> dict:
+    return {"what": "index + every tool x parameter, one pass", "threads": threads,
+            "wave": _summary(waves["wave_s"]), "prefill": _summary(waves["prefill_s"]),
+            "decode": _summary(waves["decode_s"]),
+            "median_queries": statistics.median(waves["queries"]), "max_queries": max(waves["queries"]),
+            "median_forwards": statistics.median(waves["forwards"]),
+            "median_block_tokens": statistics.median(waves["block_tokens"])}
+
+
 def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.PathLike | None,
         metrics_path: str | os.PathLike, base: str | None = None, source: str = "") -> dict:
     """Evaluate the sidecar of ``adapter_dir`` (or the untrained ``base``) on request ``rows``; write the metrics."""
@@ -288,42 +350,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
                              f"request rows are in layout {layout} ({sp.LAYOUTS[layout]}): rebuild them in the "
                              "adapter's layout (expand_slots.layout)")
     sidecar, dtype, dtype_why = load_sidecar(Path(adapter_dir) if adapter_dir else None, params, base)
-    all_slots, all_answers, joined, gold_calls, per_row = [], [], [], [], []
-    waves = {"wave_s": [], "prefill_s": [], "decode_s": [], "queries": [], "forwards": [], "block_tokens": []}
-    sidecar.answer(row_wave(chosen[0], sp.WAVE_FORMS)[0])  # warm-up: allocator, kernels, caches
-    num_forwards, evaluated = 0, 0
-    for row in tqdm(chosen, desc="eval_sidecar", unit="req"):
-        if params.max_forwards and num_forwards >= params.max_forwards:
-            logger.info("max_forwards=%d spent after %d of %d requests: stopping", params.max_forwards, evaluated,
-                        len(chosen))
-            break
-        evaluated += 1
-        wave, slots = row_wave(row, sp.WAVE_FORMS)
-        slots = [{**s, "in_block": in_block(s, row["block"])} for s in slots]
-        result = sidecar.answer(wave)
-        waves["wave_s"].append(result.wave_s)
-        waves["prefill_s"].append(result.prefill_s)
-        waves["decode_s"].append(result.decode_s)
-        waves["queries"].append(len(slots))
-        waves["forwards"].append(result.n_forwards)
-        num_forwards += result.n_forwards
-        waves["block_tokens"].append(result.block_tokens)
-        all_slots += slots
-        all_answers += result.answers
-        call_slot = next((s for s in row["slots"] if s["form"] == "direct_call"), None)
-        gold = row_joined = None
-        if call_slot is not None:
-            gold = json.loads(call_slot["answer"])
-            row_joined = sp.join_answers(row["tools"], wave, result.answers)
-            gold_calls.append(gold)
-            joined.append(row_joined)
-        per_row.append((source_of(row), slots, list(result.answers), row_joined, gold))
-        if call_slot is not None and params.direct_call:
-            dc_wave, dc_slots = row_wave(row, ("direct_call",))
-            dc_result = sidecar.answer(dc_wave)
-            num_forwards += dc_result.n_forwards
-            all_slots += dc_slots
-            all_answers += dc_result.answers
+    got = answer_requests(sidecar, chosen, params)
     metrics = {
         "adapter": str(adapter_dir) if base is None else None,
         "base": sidecar.metadata.get("base"),
@@ -331,20 +358,15 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
         "source": source,
         "dtype": dtype,
         "dtype_reason": dtype_why,
-        "requests": evaluated,
+        "requests": got.evaluated,
         "requests_chosen": len(chosen),  # more than ``requests`` when max_forwards stopped the run
         "requests_available": len(rows),
-        "num_forwards": num_forwards,
-        **score(all_slots, all_answers),
-        "joined": joined_score(joined, gold_calls),
-        "baselines": trivial_baselines(all_slots),
-        "by_source": by_source(per_row),
-        "latency": {"what": "index + every tool x parameter, one pass", "threads": torch.get_num_threads(),
-                    "wave": _summary(waves["wave_s"]), "prefill": _summary(waves["prefill_s"]),
-                    "decode": _summary(waves["decode_s"]),
-                    "median_queries": statistics.median(waves["queries"]), "max_queries": max(waves["queries"]),
-                    "median_forwards": statistics.median(waves["forwards"]),
-                    "median_block_tokens": statistics.median(waves["block_tokens"])},
+        "num_forwards": got.num_forwards,
+        **score(got.slots, got.answers),
+        "joined": joined_score(got.joined, got.gold_calls),
+        "baselines": trivial_baselines(got.slots),
+        "by_source": by_source(got.per_row),
+        "latency": _latency(got.waves, torch.get_num_threads()),
         "cpu": cpu_info(),
         "anchor": ANCHOR,
         "params": as_dict(params),

@@ -159,11 +159,8 @@ def _train_time(train: dict) -> Any:
     return secs
 
 
-def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict]) -> str:
-    """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body."""
-    base_id = recipe.get("base_model_id") or recipe["base"]
-    front = yaml.safe_dump({"base_model": base_id, "library_name": "peft", "license": params.license,
-                            "pipeline_tag": "text-generation", "tags": list(params.tags)}, sort_keys=False)
+def _training_section(metrics: dict[str, dict]) -> str:
+    """``## Training data``: the training run's counts and one line of scalars per data stage."""
     tr = metrics.get("train_sidecar", {})
     requests, slots = tr.get("requests", {}), tr.get("slots", {})
     data_lines = [f"- `{stage}`: " + ", ".join(f"{k}={v}" for k, v in _scalars(m, depth=1)[:12])
@@ -176,6 +173,46 @@ def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, me
                   ("final loss", tr.get("final_loss")), ("train time (s)", _train_time(tr)),
                   ("device / threads / bf16 autocast",
                    f"{tr.get('device')} / {tr.get('threads')} / {tr.get('bf16_autocast')}")] if tr else []
+    return f"""## Training data
+
+Request rows expanded from teacher tool calls on deduplicated tool-calling dialogues (prompt layout
+{tr.get("layout_version")}, recorded in `sidecar.json`): one shared block (conversation + numbered tools with
+parameters) and every slot query with its compact-JSON answer, packed into one sequence per request; benchmark test
+sets were held out before training.
+
+{_table([(k, v) for k, v in train_rows]) if train_rows else "_No training metrics found._"}
+
+{chr(10).join(data_lines) if data_lines else ""}
+"""
+
+
+def _usage_section(base_id: str) -> str:
+    """``## How to load``: with peft, and with ooo-spec's one-pass wave."""
+    return f"""## How to load
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import PeftModel
+
+base = AutoModelForCausalLM.from_pretrained("{base_id}")
+sidecar = PeftModel.from_pretrained(base, "<this repo or folder>").merge_and_unload().eval()
+tok = AutoTokenizer.from_pretrained("<this repo or folder>")
+```
+
+or, with ooo-spec's one-pass wave (the block is prefilled once, every slot answered as a branch):
+
+```python
+from ooospec.runtime.sidecar import Sidecar
+call, result = Sidecar.from_adapter("<this folder>").predict(messages, tools)   # {{"name", "arguments"}} | None
+```
+"""
+
+
+def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict]) -> str:
+    """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body."""
+    base_id = recipe.get("base_model_id") or recipe["base"]
+    front = yaml.safe_dump({"base_model": base_id, "library_name": "peft", "license": params.license,
+                            "pipeline_tag": "text-generation", "tags": list(params.tags)}, sort_keys=False)
     return f"""---
 {front}---
 
@@ -193,17 +230,7 @@ adapter only drafts: the target stays the sole verifier, so outputs equal the ta
 `{base_id}` (loaded as `{recipe['base']}`; frozen weights `{recipe['dtype']}`, bf16 autocast
 `{recipe.get('autocast')}`: bf16 where the CPU/GPU multiplies it natively).
 
-## Training data
-
-Request rows expanded from teacher tool calls on deduplicated tool-calling dialogues (prompt layout
-{tr.get("layout_version")}, recorded in `sidecar.json`): one shared block (conversation + numbered tools with
-parameters) and every slot query with its compact-JSON answer, packed into one sequence per request; benchmark test
-sets were held out before training.
-
-{_table([(k, v) for k, v in train_rows]) if train_rows else "_No training metrics found._"}
-
-{chr(10).join(data_lines) if data_lines else ""}
-
+{_training_section(metrics)}
 ## Recipe
 
 One epoch of causal cross-entropy on the answer tokens only, each request packed into one sequence whose 4D mask
@@ -220,24 +247,7 @@ params (`train_sidecar`): `{json.dumps(train_params, sort_keys=True)}`
 
 {eval_section(metrics.get("eval_sidecar"))}
 
-## How to load
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from peft import PeftModel
-
-base = AutoModelForCausalLM.from_pretrained("{base_id}")
-sidecar = PeftModel.from_pretrained(base, "<this repo or folder>").merge_and_unload().eval()
-tok = AutoTokenizer.from_pretrained("<this repo or folder>")
-```
-
-or, with ooo-spec's one-pass wave (the block is prefilled once, every slot answered as a branch):
-
-```python
-from ooospec.runtime.sidecar import Sidecar
-call, result = Sidecar.from_adapter("<this folder>").predict(messages, tools)   # {{"name", "arguments"}} | None
-```
-
+{_usage_section(base_id)}
 ## Data licenses
 
 {DATA_LICENSES}

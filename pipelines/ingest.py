@@ -110,6 +110,54 @@ def raw_root(params: IngestParams, names: list[str], lock: dict[str, str]) -> Pa
         raise LockMismatch(str(e)) from None
 
 
+def ingest_source(name: str, folder: Path) -> tuple[list[dict], list[dict], dict]:
+    """Parse one source's ``folder`` and validate every record: ``(records, rejects, stats)``, in parser order.
+
+    A record that fails :func:`records.validate_record`, or repeats an id, becomes a reject with that reason.
+    """
+    mod = source_registry.load(name)
+    records, rejects = [], []
+    per_split: dict[str, Counter] = defaultdict(Counter)
+    reasons: Counter = Counter()
+    seen_ids: set[str] = set()
+    for item in tqdm(mod.parse(folder), desc=f"ingest {name}", unit="rec", leave=False):
+        if isinstance(item, Reject):
+            rej = item.to_json()
+        else:
+            bad = validate_record(item)
+            if bad is None and item["id"] in seen_ids:
+                bad = ("duplicate_id", f"id {item['id']!r} produced twice by the parser")
+            if bad is None:
+                seen_ids.add(item["id"])
+                records.append(item)
+                per_split[item["split"]]["parsed"] += 1
+                continue
+            rej = Reject(name, item.get("split", "?"), item.get("id", "?").split("/", 2)[-1],
+                         bad[0], bad[1], raw=item).to_json()
+        rejects.append(rej)
+        per_split[rej["split"]]["rejected"] += 1
+        per_split[rej["split"]][f"rejected:{rej['reason']}"] += 1
+        reasons[rej["reason"]] += 1
+    parsed = sum(c["parsed"] for c in per_split.values())
+    rejected = sum(reasons.values())
+    stats = {
+        "parsed": parsed, "rejected": rejected, "reject_fraction": round(rejected / max(1, parsed + rejected), 4),
+        "rejects_by_reason": dict(sorted(reasons.items())),
+        "splits": {s: dict(sorted(c.items())) for s, c in sorted(per_split.items())},
+        "license": getattr(mod, "LICENSE", "?"), "upstream": getattr(mod, "UPSTREAM", "?"),
+    }
+    return records, rejects, stats
+
+
+def reject_failure(params: IngestParams, name: str, rejected: int, frac: float) -> str | None:
+    """Why a source's rejects fail the stage (``on_reject``, ``max_reject_fraction``), or None."""
+    if params.on_reject == "fail" and rejected:
+        return f"{name}: {rejected} rejects (on_reject=fail)"
+    if frac > (limit := params.max_reject_fraction_by_source.get(name, params.max_reject_fraction)):
+        return f"{name}: reject fraction {frac:.1%} > max_reject_fraction {limit:.1%}"
+    return None
+
+
 def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metrics/ingest.json"),
         card_path: Path | None = Path("data_cards/ingest.md"), lock: dict[str, str] | None = None,
         check: bool = True) -> dict:
@@ -124,44 +172,16 @@ def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metri
     stats: dict = {"sources": {}}
     failures = []
     for name in names:
-        mod = source_registry.load(name)
-        per_split: dict[str, Counter] = defaultdict(Counter)
-        reasons: Counter = Counter()
-        seen_ids: set[str] = set()
-        folder = root / source_registry.SOURCES[name][1]
-        for item in tqdm(mod.parse(folder), desc=f"ingest {name}", unit="rec", leave=False):
-            if isinstance(item, Reject):
-                rej = item.to_json()
-            else:
-                bad = validate_record(item)
-                if bad is None and item["id"] in seen_ids:
-                    bad = ("duplicate_id", f"id {item['id']!r} produced twice by the parser")
-                if bad is None:
-                    seen_ids.add(item["id"])
-                    records.append(item)
-                    per_split[item["split"]]["parsed"] += 1
-                    continue
-                rej = Reject(name, item.get("split", "?"), item.get("id", "?").split("/", 2)[-1],
-                             bad[0], bad[1], raw=item).to_json()
-            rejects.append(rej)
-            per_split[rej["split"]]["rejected"] += 1
-            per_split[rej["split"]][f"rejected:{rej['reason']}"] += 1
-            reasons[rej["reason"]] += 1
-        parsed = sum(c["parsed"] for c in per_split.values())
-        rejected = sum(reasons.values())
+        recs, rejs, st = ingest_source(name, root / source_registry.SOURCES[name][1])
+        records += recs
+        rejects += rejs
+        stats["sources"][name] = st
+        parsed, rejected, reasons = st["parsed"], st["rejected"], st["rejects_by_reason"]
         frac = rejected / max(1, parsed + rejected)
-        stats["sources"][name] = {
-            "parsed": parsed, "rejected": rejected, "reject_fraction": round(frac, 4),
-            "rejects_by_reason": dict(sorted(reasons.items())),
-            "splits": {s: dict(sorted(c.items())) for s, c in sorted(per_split.items())},
-            "license": getattr(mod, "LICENSE", "?"), "upstream": getattr(mod, "UPSTREAM", "?"),
-        }
         print(f"ingest {name:<11} parsed {parsed:>6}  rejected {rejected:>5} ({frac:.1%})"
-              + (f"  {dict(sorted(reasons.items()))}" if reasons else ""), file=sys.stderr)
-        if params.on_reject == "fail" and rejected:
-            failures.append(f"{name}: {rejected} rejects (on_reject=fail)")
-        elif frac > (limit := params.max_reject_fraction_by_source.get(name, params.max_reject_fraction)):
-            failures.append(f"{name}: reject fraction {frac:.1%} > max_reject_fraction {limit:.1%}")
+              + (f"  {reasons}" if reasons else ""), file=sys.stderr)
+        if (failure := reject_failure(params, name, rejected, frac)) is not None:
+            failures.append(failure)
 
     records.sort(key=lambda r: r["id"])
     rejects.sort(key=lambda r: (r["id"], r["reason"]))

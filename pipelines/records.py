@@ -40,7 +40,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from ooospec.runtime import schemas
-from ooospec.runtime.calls import canonical_calls, canonical_json, norm_text, norm_value  # noqa: F401
+from ooospec.runtime.calls import canonical_calls, canonical_json, compact_json, norm_text, norm_value  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -446,18 +446,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def compact_json(obj: Any) -> str:
-    """Compact JSON that keeps key order (schemas' property order is meaningful to the models that read them)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
 def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
     """Write rows as compact JSONL atomically (temp file + rename), key order kept; returns the row count.
 
     Determinism comes from the producers (sorted rows, fixed key order), not from sorting keys here: a tool's
-    ``properties`` order is what a chat template shows the model, so it must survive the pipeline.
+    ``properties`` order is what a chat template shows the model, so it must survive the pipeline. NaN and Infinity
+    are written as ``NaN`` / ``Infinity`` (``allow_nan``): validation rejects a record that holds them, and its
+    reject row carries the raw item as the source has it.
     """
-    lines = [compact_json(r) for r in rows]
+    lines = [compact_json(r, allow_nan=True) for r in rows]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return len(lines)
 

@@ -2,22 +2,23 @@
 
     chat = ChatModel(model, tok, method="toolspec", sessions=SessionStore(model, prefix_cache=PrefixCache()))
     tools = SpeculativeTools(registry)                    # registry: ToolRegistry with the tools' implementations
-    run = run_agent(chat, messages, openai_tools, tools, guess=lambda msgs, tls, turn: SidecarGuess(client.submit(
-        msgs, tls, fmt=chat.fmt, tokenizer=chat.tokenizer)))
+    run = run_agent(chat, messages, openai_tools, tools, guess=lambda msgs, tls, turn: client.submit(
+        msgs, tls, fmt=chat.fmt, tokenizer=chat.tokenizer))
     run.steps[0].hit      # the first call's result came from the speculative run
 
 One turn (the engine-side loop, in process):
 
-1. The turn arrives: ``guess(messages, tools, turn)`` starts an early guess of its call (the sidecar's wave, or
-   any :class:`CallGuess`). The guessed call goes to :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate`
-   the moment it is ready (at once when it is ready at arrival, else from a watcher thread), so a
-   side-effect-free tool runs while the target is still decoding.
-2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with method ``ooospec`` the
-   same guess drafts tokens too (:class:`~ooospec.runtime.hints.HintDrafter`).
+1. The turn arrives: ``guess(messages, tools, turn)`` starts an early guess of its call (a
+   :class:`~ooospec.runtime.hints.CallGuess`: the sidecar's wave, or a call known at arrival). The guessed call
+   goes to :meth:`~ooospec.runtime.tools.SpeculativeTools.speculate` the moment it is ready (at once when it is
+   ready at arrival, else from a watcher thread), so a side-effect-free tool runs while the target is still
+   decoding.
+2. The target decodes the turn (:meth:`~ooospec.runtime.chat.ChatModel.complete`); with a method that takes hints
+   the same guess drafts tokens too (:class:`~ooospec.runtime.hints.HintDrafter`).
 3. No call: the loop ends (the final answer). A call: :meth:`~ooospec.runtime.tools.SpeculativeTools.resolve`
    returns the speculative result when the canonical keys match, and runs the real call otherwise. The guess hears
-   how the turn and its tool went (``turn_done(turn)`` / ``tool_done(tool_s, hit)``): a :class:`SidecarGuess`'s
-   wave gate learns from them what a wave is worth in tool latency hidden.
+   how the turn and its tool went (``report`` / ``observe_tool``): a sidecar wave's gate learns from them what a
+   wave is worth in tool latency hidden.
 4. The call and its result join the conversation and the next turn continues the same session: only the new
    tokens (the call's end, the tool message, the generation prompt) are prefilled -- the tool result goes into
    the resident KV and decoding goes on, with nothing to evict, re-admit or re-prefill. Without sessions
@@ -33,103 +34,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ooospec.runtime.chat import ChatModel
-from ooospec.runtime.hints import HintBank
+from ooospec.runtime.hints import CallGuess
 from ooospec.runtime.tools import SpeculativeTools
 
 GUESS_TIMEOUT_S = 120.0   # a watcher stops waiting for a guess after this (the turn is long over by then)
-
-
-class CallGuess(Protocol):
-    """An early guess of a turn's call, ready at some unknown time."""
-
-    def poll(self) -> HintBank | None:
-        """The guess as a hint bank once ready, else None; never blocks (the :class:`HintDrafter` side)."""
-        ...
-
-    def wait_call(self, timeout: float) -> dict | None:
-        """Block up to ``timeout`` s for the guessed call ``{"name", "arguments"}``; None when there is none."""
-        ...
-
-    def cancel(self) -> None:
-        """The turn is over: stop working on the guess."""
-        ...
-
-    @property
-    def decision(self) -> dict | None:
-        """The sidecar wave gate's record for this guess (None: no gate decided)."""
-        ...
-
-    def turn_done(self, turn) -> None:
-        """The turn (a :class:`~ooospec.runtime.chat.ChatTurn`) is over, its call written."""
-        ...
-
-    def tool_done(self, tool_s: float, hit: bool | None) -> None:
-        """The turn's tool ran for ``tool_s`` s; ``hit``: served from the guess's speculative run (None: no guessed
-        call was ready when the turn ended)."""
-        ...
-
-
-class SidecarGuess:
-    """The sidecar's joined call of one request (:class:`~ooospec.runtime.sidecar_client.HintRequest`)."""
-
-    def __init__(self, request):
-        self.request = request
-
-    def poll(self) -> HintBank | None:
-        return self.request.poll()
-
-    def wait_call(self, timeout: float) -> dict | None:
-        self.request.wait(timeout)
-        return self.request.stats().call
-
-    def cancel(self) -> None:
-        self.request.cancel()
-
-    @property
-    def decision(self) -> dict | None:
-        """The wave gate's record for this request (None without a gate)."""
-        return self.request.stats().decision
-
-    def turn_done(self, turn) -> None:
-        """The turn (a :class:`~ooospec.runtime.chat.ChatTurn`) is over: teach the wave gate (if any) what the
-        wave cost and saved, unless the chat already did (method ooospec reports the request it drafted from)."""
-        if not (turn.hints or {}).get("wave"):
-            self.request.report(turn.result, None, turn.calls)
-
-    def tool_done(self, tool_s: float, hit: bool | None) -> None:
-        """The turn's tool ran for ``tool_s`` s; ``hit``: served from the joined call's speculative run (None: no
-        joined call was ready when the turn ended)."""
-        self.request.observe_tool(tool_s, hit)
-
-
-class ReadyGuess:
-    """A call known at arrival (e.g. the dataset's gold call: the ceiling of what a sidecar can give)."""
-
-    def __init__(self, call: dict, fmt, tokenizer):
-        self.call, self.fmt, self.tokenizer = call, fmt, tokenizer
-        self._bank: HintBank | None = None
-
-    def poll(self) -> HintBank:
-        if self._bank is None:
-            self._bank = HintBank.from_calls([self.call], self.fmt, self.tokenizer)
-        return self._bank
-
-    def wait_call(self, timeout: float) -> dict:
-        return self.call
-
-    def cancel(self) -> None:
-        pass
-
-    decision = None                 # no sidecar, no gate
-
-    def turn_done(self, turn) -> None:
-        pass
-
-    def tool_done(self, tool_s: float, hit: bool | None) -> None:
-        pass
 
 
 @dataclass
@@ -162,8 +73,8 @@ class AgentRun:
 class _Watcher:
     """Hands a turn's guessed call to the speculative cache once it is ready, unless the turn is over.
 
-    A call ready at arrival (a :class:`ReadyGuess`, a wave already answered) is handed over here, before the turn
-    decodes, so its speculative run never races the target; a later one by a watcher thread.
+    A call ready at arrival (a :class:`~ooospec.runtime.hints.HintBank`, a wave already answered) is handed over
+    here, before the turn decodes, so its speculative run never races the target; a later one by a watcher thread.
     """
 
     def __init__(self, guess: CallGuess, tools: SpeculativeTools):
@@ -231,17 +142,17 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         t0 = time.perf_counter()
         try:
             ct = chat.complete(run.messages, turn_tools, max_new_tokens=max_new_tokens,
-                               hints=g if chat.method == "ooospec" else None)
+                               hints=g if chat.takes_hints else None)
         finally:
             guessed = watcher.close() if watcher is not None else None
             if g is not None:
                 g.cancel()
         t1 = time.perf_counter()
-        if g is not None:
-            g.turn_done(ct)
+        # the guess learns what its wave cost and saved (a chat reports only the waves it sent itself)
+        wave = g.report(ct.result, None, ct.calls) if g is not None else None
         call = ct.calls[0] if ct.calls else None
         step = AgentStep(turn, ct.text, call, None, None, None, guessed, ct.prompt_tokens, ct.cached_tokens,
-                         ct.origin, t1 - t0, 0.0, ct.finish_reason, None if g is None else g.decision)
+                         ct.origin, t1 - t0, 0.0, ct.finish_reason, wave)
         run.steps.append(step)
         if call is None:
             break
@@ -252,7 +163,7 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         res = executor.resolve(call)
         step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
         if g is not None:
-            g.tool_done(res.result.elapsed_s, res.hit if guessed is not None else None)
+            g.observe_tool(res.result.elapsed_s, res.hit if guessed is not None else None)
         run.messages.append({"role": "tool", "content": res.result.content})
     run.wall_s = time.perf_counter() - t_start
     return run

@@ -67,6 +67,16 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+def compact_json(value: Any, *, allow_nan: bool = False) -> str:
+    """The one compact serialization, of sidecar answers and of JSON-lines rows: ``{"a":[1,"é"]}`` (no spaces,
+    keys in their given order).
+
+    Raises ValueError for NaN / Infinity (not JSON), unless ``allow_nan`` writes them as ``NaN`` / ``Infinity``
+    (what Python's json reads back).
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan)
+
+
 def canonical_calls(calls: list[dict]) -> str:
     """The dedupe's normalized form of a list of calls (names and values through :func:`norm_text`)."""
     return canonical_json([{"name": norm_text(c["name"]), "arguments": norm_value(c["arguments"])} for c in calls])

@@ -13,9 +13,10 @@ share. A :class:`ChatModel` holds the target, its tokenizer and format, the deco
 prompt's length: ValueError naming the field) before any decoding, so a server answers 4xx up front.
 
 Methods: the registry's served ones (:data:`~ooospec.runtime.methods.SERVED`: ``ar``, ``toolspec``, ``ooospec``),
-driven by a :class:`~ooospec.runtime.methods.RequestDecoder`; ``ooospec`` takes sidecar hints: a wave sent at
-arrival when a :class:`~ooospec.runtime.sidecar_client.SidecarClient` is given, or the ``hints`` a caller
-passes). Output is the target's greedy decoding whatever the method, session or prefix cache.
+driven by a :class:`~ooospec.runtime.methods.RequestDecoder`; one that takes hints (``ooospec``) drafts from a
+:class:`~ooospec.runtime.hints.CallGuess` of the call: the ``hints`` a caller passes, else a wave sent at arrival
+when a :class:`~ooospec.runtime.sidecar_client.SidecarClient` is given. Output is the target's greedy decoding
+whatever the method, session or prefix cache.
 
 ``tool_choice`` (OpenAI's values) works through the format's fixed call opening, which every format has:
 ``"auto"`` (default) renders the tools and lets the model choose; ``"none"`` renders no tools and parses no
@@ -41,13 +42,13 @@ from transformers import PreTrainedModel
 
 from ooospec.runtime.engine import GenerationResult
 from ooospec.runtime.formats import common, detect_format
-from ooospec.runtime.hints import HintDrafter, HintSource
+from ooospec.runtime.hints import CallGuess, HintDrafter
 from ooospec.runtime.kv_cache import common_prefix_len
-from ooospec.runtime.methods import RequestDecoder, get_method
+from ooospec.runtime.methods import TOOLSPEC, RequestDecoder, get_method
 from ooospec.runtime.models import eos_token_ids
 from ooospec.runtime.session import SessionStore
+from ooospec.runtime.target import Target
 
-Method = Literal["ar", "toolspec", "ooospec"]
 FinishReason = Literal["tool_calls", "stop", "length"]
 _PROBES = ("a", "b")     # two user contents that differ in their first character (see shared_block_len)
 
@@ -164,16 +165,17 @@ class ChatModel:
 
     Args:
         model, tokenizer: the target (sdpa/eager attention, eval mode).
-        method: ``"ar"``, ``"toolspec"`` or ``"ooospec"``.
-        sidecar: for ``"ooospec"``: a :class:`~ooospec.runtime.sidecar_client.SidecarClient` asked at every
-            request's arrival; None = hints only when a caller passes them.
+        method: a served method's name (:data:`~ooospec.runtime.methods.SERVED`).
+        sidecar: for a method whose hints come from a sidecar (``ooospec``): a
+            :class:`~ooospec.runtime.sidecar_client.SidecarClient` asked at every request's arrival; None = hints
+            only when a caller passes them.
         sessions: KV kept across turns (None = every turn prefills its whole prompt, today's stateless path).
         engine_kwargs: :class:`~ooospec.runtime.engine.SpecEngine` keywords (``policy``, ``cost``, ...).
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer, *, method: Method = "toolspec", sidecar=None,
+    def __init__(self, model: Target | PreTrainedModel, tokenizer, *, method: str = TOOLSPEC, sidecar=None,
                  sessions: SessionStore | None = None, **engine_kwargs):
-        get_method(method, served=True)   # ValueError naming the served methods
+        self.takes_hints = get_method(method, served=True).takes_hints   # ValueError naming the served methods
         self.model, self.tokenizer = model, tokenizer
         self.fmt = detect_format(tokenizer)
         self.method = method
@@ -235,18 +237,18 @@ class ChatModel:
         return PreparedTurn(messages, shown, names, opening, prompt)
 
     def complete(self, messages: Sequence[Any], tools: Sequence[Any] = (), *, max_new_tokens: int = 256,
-                 tool_choice: Any = "auto", hints: HintSource | None = None,
+                 tool_choice: Any = "auto", hints: CallGuess | None = None,
                  on_tokens: Callable[[Sequence[int]], None] | None = None) -> ChatTurn:
         """:meth:`prepare` then :meth:`generate`."""
         return self.generate(self.prepare(messages, tools, tool_choice), max_new_tokens=max_new_tokens,
                              hints=hints, on_tokens=on_tokens)
 
-    def generate(self, turn: PreparedTurn, *, max_new_tokens: int = 256, hints: HintSource | None = None,
+    def generate(self, turn: PreparedTurn, *, max_new_tokens: int = 256, hints: CallGuess | None = None,
                  on_tokens: Callable[[Sequence[int]], None] | None = None) -> ChatTurn:
         """Decode the assistant's next turn.
 
         Args:
-            hints: a hint source for this turn (method ``ooospec``); None = the sidecar's wave, if any.
+            hints: a guess of this turn's call, for a method that takes hints; None = the sidecar's wave, if any.
             on_tokens: called with the tokens generated so far after every committed token (streaming); an
                 exception it raises ends generation and propagates (the session is emptied, nothing is lost).
         """
@@ -254,10 +256,10 @@ class ChatModel:
         messages, shown_tools, names, opening, prompt = (turn.messages, turn.tools, turn.tool_names, turn.opening,
                                                           turn.prompt_ids)
         request = None
-        if self.method == "ooospec" and hints is None and self.sidecar is not None and shown_tools:
+        if self.takes_hints and hints is None and self.sidecar is not None and shown_tools:
             request = hints = self.sidecar.submit(messages, shown_tools, fmt=self.fmt, tokenizer=self.tokenizer,
                                                   arrival=arrival)
-        hint_drafter = HintDrafter(hints) if self.method == "ooospec" and hints is not None else None
+        hint_drafter = HintDrafter(hints) if self.takes_hints and hints is not None else None
         engine = self.decoder.engine(self.tokenizer, self.fmt, shown_tools, hint_drafter)
         stop = self._stop_rule(opening, bool(shown_tools), on_tokens)
         try:

@@ -5,23 +5,24 @@ verifying it costs, so it needs ``T(n)``: the seconds of one verification forwar
 of a realistic context. That curve depends on the machine far more than on the model: on a CPU without native
 bf16 a 16-node tree costs ~2.5 one-token steps, with AMX or on a GPU nearly one. So it is measured, not assumed:
 
-    cost = forward_cost(model)      # T(n) for n = 1, 2, 4, ..., 64 at a 512-token context; cached
+    cost = forward_cost(target)     # T(n) for n = 1, 2, 4, ..., 64 at a 512-token context; cached
     cost.seconds(12)                # piecewise linear between the measured sizes
     cost.relative(12)               # T(12) / T(1)
 
-:func:`forward_cost` measures once per (model, dtype, threads, device, torch version, CPU) and caches the table on
-disk in ``$OOOSPEC_CACHE/forward_cost.json`` (and in memory for the process); a change of any part of that key
-measures again. Each size is timed ``repeats`` times, interleaved across sizes so that a load spike hits them alike;
+:func:`forward_cost` measures once per target fingerprint (model, dtype, threads, device, torch version, CPU:
+:meth:`~ooospec.runtime.target.Target.cost_fingerprint`) and caches the table on disk in
+``$OOOSPEC_CACHE/forward_cost.json`` (and in memory for the process); a change of any part of that key measures
+again. Each size is timed ``repeats`` times, interleaved across sizes so that a load spike hits them alike;
 the fastest reading is kept (on a shared machine every slower one includes someone else's time slice), and the
 curve is made non-decreasing (a bigger forward is never cheaper).
 
-:func:`footprint` gives the analytic side of a forward for the roofline columns of ``ooospec bench``: matmul
-parameters (FLOPs per token = 2 x that), the bytes of weights a forward reads, and the KV bytes per context token.
+:class:`Footprint` is the analytic side of a forward for the roofline columns of ``ooospec bench``: matmul
+parameters (FLOPs per token = 2 x that), the bytes of weights a forward reads, and the KV bytes per context token;
+each backend counts its own (``target.footprint()``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import time
@@ -29,13 +30,15 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
-from ooospec.runtime.kv_cache import new_kv_cache
 from ooospec.runtime.paths import cache_dir, read_json_cache, write_json_cache
 from ooospec.runtime.tree import chain_tree
+
+if TYPE_CHECKING:
+    from ooospec.runtime.target import Target
 
 logger = logging.getLogger(__name__)
 
@@ -96,26 +99,9 @@ class ForwardCost:
 # ------------------------------------------------------------------------------------------- measuring
 
 
-def model_fingerprint(model: PreTrainedModel) -> str:
-    """A short id of the architecture and size: name, parameter count and a hash of the config."""
-    cfg = model.config
-    digest = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:12]
-    num_params = sum(p.numel() for p in model.parameters())
-    return f"{cfg._name_or_path or type(model).__name__}|params={num_params}|config={digest}"
-
-
-def calibration_key(model: PreTrainedModel, context: int = CALIBRATION_CONTEXT) -> str:
-    """Everything the forward cost depends on: model, dtype, threads, device, torch, CPU and context length."""
-    from ooospec.runtime.hardware import cpu_info
-
-    info = cpu_info()
-    device = model.device
-    if hasattr(model, "fingerprint"):   # the llama.cpp backend: its own threads, no torch in the forward
-        return f"{model.fingerprint()}|{info['model']}|{','.join(info['flags'])}|context={context}"
-    cpu = f"{info['model']}|{','.join(info['flags'])}"
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
-    return (f"{model_fingerprint(model)}|dtype={model.dtype}|threads={torch.get_num_threads()}|device={device.type}"
-            f"|{where}|torch={torch.__version__}|context={context}")
+def calibration_key(target: Target, context: int = CALIBRATION_CONTEXT) -> str:
+    """Everything the forward cost depends on: the target's cost fingerprint and the context length."""
+    return f"{target.cost_fingerprint()}|context={context}"
 
 
 def _sync(device: torch.device) -> None:
@@ -124,36 +110,36 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_forward_cost(
-    model: PreTrainedModel,
+    target: Target,
     sizes: Sequence[int] = QUERY_SIZES,
     context: int = CALIBRATION_CONTEXT,
     repeats: int = 5,
     seed: int = 0,
 ) -> ForwardCost:
-    """Time verification forwards (chain trees through :class:`KVCache`, as the engine runs them) by size.
+    """Time verification forwards (chain trees through the target's cache, as the engine runs them) by size.
 
     Args:
-        model: the target (sdpa/eager attention, eval mode).
+        target: the target.
         sizes: query lengths to time; must start at 1.
         context: cached tokens under every timed forward (random ids; attention cost depends on the length only).
         repeats: timed forwards per size (after one untimed warm-up each), interleaved across sizes.
     """
-    vocab = model.config.get_text_config().vocab_size
+    vocab = target.vocab_size
     rng = random.Random(seed)
-    kv = new_kv_cache(model)
+    kv = target.new_kv_cache()
     kv.prefill([rng.randrange(vocab) for _ in range(context)])
     trees = {n: chain_tree([rng.randrange(vocab) for _ in range(n)]) for n in sizes}
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(repeats + 1):
         for n in sizes:
-            _sync(model.device)
+            _sync(target.device)
             t0 = time.perf_counter()
             kv.forward_tree(trees[n]).argmax(dim=-1).tolist()   # the engine reads the argmax too (a sync)
             elapsed = time.perf_counter() - t0
             kv.commit([])                                      # drop the tree: the context stays `context`
             if rep:
                 samples[n].append(elapsed)
-    return ForwardCost.from_measurements(sizes, [samples[n] for n in sizes], key=calibration_key(model, context))
+    return ForwardCost.from_measurements(sizes, [samples[n] for n in sizes], key=calibration_key(target, context))
 
 
 def _cache_file() -> Path:
@@ -163,12 +149,12 @@ def _cache_file() -> Path:
 _MEMO: dict[str, ForwardCost] = {}
 
 
-def forward_cost(model: PreTrainedModel, use_cache: bool = True) -> ForwardCost:
+def forward_cost(target: Target, use_cache: bool = True) -> ForwardCost:
     """The target's :class:`ForwardCost` on this machine: from memory, from disk, or measured (a few seconds).
 
     The cache key is :func:`calibration_key`; a change of model, dtype, threads, device, torch or CPU misses it.
     """
-    key = calibration_key(model)
+    key = calibration_key(target)
     if use_cache and key in _MEMO:
         return _MEMO[key]
     path = _cache_file()
@@ -178,7 +164,7 @@ def forward_cost(model: PreTrainedModel, use_cache: bool = True) -> ForwardCost:
         cost = ForwardCost(tuple(row["sizes"]), tuple(row["times"]), key)
     else:
         t0 = time.perf_counter()
-        cost = measure_forward_cost(model)
+        cost = measure_forward_cost(target)
         logger.info("measured the forward cost in %.1fs: %s (T(n)/T(1) for n=%s; %s)", time.perf_counter() - t0,
                     [round(cost.relative(n), 2) for n in cost.sizes], list(cost.sizes), key)
         if use_cache:
@@ -195,7 +181,8 @@ def forward_cost(model: PreTrainedModel, use_cache: bool = True) -> ForwardCost:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Static facts of a target that the roofline's FLOP and byte counts need (:mod:`ooospec.runtime.metrics`)."""
+    """Static facts of a target that the roofline's FLOP and byte counts need (:mod:`ooospec.runtime.metrics`);
+    from :meth:`~ooospec.runtime.target.Target.footprint`."""
 
     body_params: int            # weights multiplied per token below the LM head (all other linear layers)
     head_params: int            # the LM head's weights (vocab x hidden), multiplied only where logits are kept
@@ -203,29 +190,3 @@ class Footprint:
     kv_bytes_per_token: int     # K + V bytes per cached token, all layers
     num_layers: int
     attn_dim: int               # query heads x head dim (the width of QK^T and AV)
-
-
-def footprint(model: PreTrainedModel) -> Footprint:
-    """Parameter and byte counts of ``model`` (see :class:`Footprint`).
-
-    Worked example (Qwen2.5-0.5B, tied embeddings, fp32): head 151936 x 896 = 136M params, body 358M, weights
-    read per forward 1.98 GB (the tied table is read once, as the head), KV 12 KiB per token (24 layers x 2
-    heads x 64 x K and V x 4 bytes).
-    """
-    if hasattr(model, "footprint"):
-        return model.footprint()
-    cfg = model.config.get_text_config()
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    tied = embed.data_ptr() == head.data_ptr()
-    params = {p.data_ptr(): p for p in model.parameters()}     # a tied matrix counts once
-    all_bytes = sum(p.numel() * p.element_size() for p in params.values())
-    matrices = sum(p.numel() for p in params.values() if p.dim() >= 2)
-    # the embedding lookup reads one row per token; the LM head (tied or not) reads its whole matrix
-    body_params = matrices - head.numel() - (0 if tied else embed.numel())
-    weight_bytes = all_bytes - (0 if tied else embed.numel() * embed.element_size())
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    kv_bytes = 2 * cfg.num_hidden_layers * kv_heads * head_dim * embed.element_size()
-    return Footprint(body_params, head.numel(), weight_bytes, kv_bytes, cfg.num_hidden_layers,
-                     cfg.num_attention_heads * head_dim)

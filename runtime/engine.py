@@ -4,7 +4,7 @@ Whatever the drafters propose, the output equals plain greedy decoding of the ta
 (``tests/runtime/test_engine_exact.py`` checks this against HF ``generate(do_sample=False)``); drafters only
 change how many tokens each target forward commits.
 
-Public API (what ``eval/harness.py`` uses)::
+Public API (``model``: a transformers causal LM or any :class:`~ooospec.runtime.target.Target`)::
 
     from ooospec.runtime.methods import make_engine, REGISTRY
     engine = REGISTRY["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)
@@ -24,9 +24,10 @@ fills ``max_draft_nodes`` round-robin by rank (:func:`merge_candidates`).
 ``stop(generated_tokens) -> bool`` is called after every committed token (e.g. "the tool call is closed");
 generation ends right after the first token for which it returns True, exactly where plain decoding would end.
 
-The loop state: ``tokens`` = prompt + committed output; the KV cache (:class:`~ooospec.runtime.kv_cache.KVCache`)
-holds all of them but the last, which is the root of the next tree. A step with a near-tie stop (see
-:mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token decoding.
+The loop state: ``tokens`` = prompt + committed output; the target's KV cache
+(:class:`~ooospec.runtime.target.TargetCache`) holds all of them but the last, which is the root of the next tree.
+A step with a near-tie stop (see :mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token
+decoding.
 
 Continuing from a cache (``generate(..., cache=kv)``; a session's, :mod:`ooospec.runtime.session`): the cache
 keeps the longest prefix of its token ids that the new prompt starts with and prefills only the rest, so a next
@@ -40,17 +41,19 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
-
-from transformers import PreTrainedModel
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, collect_proposals, plan_tree
 from ooospec.runtime.cost_model import ForwardCost, forward_cost
 from ooospec.runtime.drafting import DraftContext, Drafter
-from ooospec.runtime.kv_cache import KVCache, new_kv_cache
+from ooospec.runtime.target import Target, TargetCache, as_target
 from ooospec.runtime.tree import DraftTree, build_tree
-from ooospec.runtime.verify import accept_greedy, tie_margin_of, top2_margins
+from ooospec.runtime.verify import Accepted, accept_greedy, top2_margins
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 StopReason = Literal["eos", "stop", "max_new_tokens"]
 TreePolicy = Literal["budget", "fixed"]
@@ -99,11 +102,26 @@ def merge_candidates(per_drafter: Sequence[Sequence[Sequence[int]]]) -> list[lis
     return merged
 
 
+@dataclass
+class _LoopState:
+    """What one ``generate`` call carries from step to step."""
+
+    prompt_len: int
+    tokens: list[int]                  # prompt + committed output; the last one is the next tree root
+    generated: list[int] = field(default_factory=list)
+    margins: list[float] | None = None  # [len(generated)] top-2 margin behind each token (record_margins)
+    steps: list[StepStats] = field(default_factory=list)
+    one_token_next: bool = False       # the last step stopped at a near-tie: the next one verifies the root only
+    reason: StopReason | None = None
+
+
 class SpecEngine:
     """Greedy tree speculative decoding over one target model (see the module docstring).
 
     Args:
-        model: a causal LM loaded with ``attn_implementation`` "sdpa" or "eager", in eval mode.
+        model: the target: a causal LM loaded with ``attn_implementation`` "sdpa" or "eager", in eval mode
+            (adapted by :func:`~ooospec.runtime.target.as_target`), or any :class:`~ooospec.runtime.target.Target`
+            (e.g. a :class:`~ooospec.runtime.llamacpp.LlamaCppTarget`).
         drafters: objects following :class:`~ooospec.runtime.drafting.Drafter`; none = plain greedy decoding
             (one token per forward, through the same cache code).
         policy: ``"budget"`` (choose the tree for expected tokens per second) or ``"fixed"`` (fill the node budget).
@@ -115,7 +133,7 @@ class SpecEngine:
         acceptance: online acceptance estimates; pass one instance to several engines to share what they learn
             across requests. None = a fresh one for this engine (it still learns across this engine's calls).
         tie_margin: stop acceptance before a choice whose top-2 logit margin is below this; that token then
-            comes from a one-token forward. ``0`` = off. ``None`` (default) = ``tie_margin_of(model)``:
+            comes from a one-token forward. ``0`` = off. ``None`` (default) = the target's ``tie_margin``:
             off in fp32/fp64, on in bf16/fp16 and on the llama.cpp backend.
         eos_token_ids: generation ends after any of these.
         record_margins: keep the top-2 margin behind every generated token (``GenerationResult.margins``).
@@ -123,7 +141,7 @@ class SpecEngine:
 
     def __init__(
         self,
-        model: PreTrainedModel,   # or a LlamaCppTarget (runtime/llamacpp.py)
+        model: Target | PreTrainedModel,
         drafters: Sequence[Drafter] = (),
         *,
         policy: TreePolicy = "budget",
@@ -139,18 +157,18 @@ class SpecEngine:
             raise ValueError(f"need max_draft_nodes >= 0 and max_depth >= 1, got {max_draft_nodes}, {max_depth}")
         if policy not in ("budget", "fixed"):
             raise ValueError(f"policy must be 'budget' or 'fixed', got {policy!r}")
-        self.model = model
+        self.target = as_target(model)
         self.drafters = list(drafters)
         self.policy = policy
         self.max_draft_nodes = max_draft_nodes
         self.max_depth = max_depth
         self.cost = cost
         self.acceptance = acceptance if acceptance is not None else AcceptanceStats()
-        self.tie_margin = tie_margin_of(model) if tie_margin is None else tie_margin
+        self.tie_margin = self.target.tie_margin if tie_margin is None else tie_margin
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.record_margins = record_margins
-        self.vocab_size = model.config.get_text_config().vocab_size
-        self.kv = new_kv_cache(model)
+        self.vocab_size = self.target.vocab_size
+        self.kv = self.target.new_kv_cache()
         self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
         for drafter in self.drafters:                  # first-token priors a drafter declares for its proposals
             for label, p in (getattr(drafter, "priors", None) or {}).items():
@@ -198,7 +216,7 @@ class SpecEngine:
         max_new_tokens: int,
         stop: Callable[[Sequence[int]], bool] | None = None,
         *,
-        cache: KVCache | None = None,
+        cache: TargetCache | None = None,
     ) -> GenerationResult:
         """Greedy-decode up to ``max_new_tokens`` tokens after ``input_ids`` (a non-empty list of token ids).
 
@@ -206,16 +224,9 @@ class SpecEngine:
         tokens that ``input_ids`` starts with is kept, the rest of the prompt is prefilled (see the module
         docstring). On return it holds ``input_ids + tokens[:-1]``.
         """
-        prompt = [int(t) for t in input_ids]
-        if not prompt:
-            raise ValueError("input_ids is empty; the engine needs at least one prompt token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if cache is not None and cache.model is not self.model:
-            raise ValueError("cache belongs to another model; a KV cache is only valid for the model that filled it")
-
+        prompt = self._check_request(input_ids, max_new_tokens, cache)
         if self.drafters and self.policy == "budget" and self.cost is None:
-            self.cost = forward_cost(self.model)   # measured once per model/dtype/threads, before the clock starts
+            self.cost = forward_cost(self.target)   # measured once per model/dtype/threads, before the clock starts
         self.acceptance.start_request()
         t_start = time.perf_counter()
         kv = self.kv if cache is None else cache
@@ -225,47 +236,79 @@ class SpecEngine:
         kv.prefill(prompt[num_cached:-1])
         t_prefilled = time.perf_counter()
 
-        tokens, generated = list(prompt), []
-        margins: list[float] | None = [] if self.record_margins else None
-        steps: list[StepStats] = []
-        one_token_next, reason = False, None
-        while reason is None:
-            t0 = time.perf_counter()
-            proposals = []
-            if self.drafters and not one_token_next:
-                proposals = self.propose(DraftContext(tuple(tokens), len(prompt), len(steps)))
-            tree, proposed = self.plan(tokens[-1], proposals)
-            t1 = time.perf_counter()
-            logits = kv.forward_tree(tree)
-            acc = accept_greedy(tree, logits, self.tie_margin, with_margins=self.record_margins)
-            t2 = time.perf_counter()
-            kv.commit(acc.kept_nodes)
-            self.acceptance.record_step(tree, proposals, acc)
-            root_tie = acc.bonus is None and len(acc.path) == 1
-            if self.policy == "budget" and self.cost is not None:
-                if tree.num_nodes == 1 and self.tie_margin > 0 and self.drafters:
-                    # the root's margin, which a tree step would have stopped at: keeps the tie rate learning
-                    self.acceptance.record_root_tie(float(top2_margins(logits[:1])[0]) < self.tie_margin)
-                if not root_tie:
-                    self.acceptance.record_speed(tree.num_nodes, len(acc.new_tokens), t2 - t1,
-                                                 self.cost.seconds(tree.num_nodes))
-            one_token_next = acc.bonus is None
-
-            num_new = 0
-            for i, tok in enumerate(acc.new_tokens):
-                tokens.append(tok)
-                generated.append(tok)
-                if margins is not None:
-                    margins.append(acc.margins[i])
-                num_new += 1
-                reason = self._stop_reason(generated, max_new_tokens, stop)
-                if reason is not None:
-                    break
-            steps.append(StepStats(tree.num_nodes, len(acc.accepted_tokens), num_new, t1 - t0, t2 - t1,
-                                   one_token_next, proposed))
-        kv.truncate(len(tokens) - 1)   # drop accepted entries past a stop: the cache ends where the output does
+        state = _LoopState(len(prompt), list(prompt), margins=[] if self.record_margins else None)
+        while state.reason is None:
+            self._step(kv, state, max_new_tokens, stop)
+        kv.truncate(len(state.tokens) - 1)   # drop accepted entries past a stop: the cache ends where the output does
         t_end = time.perf_counter()
+        self._observe(prompt, state.generated)
+        return GenerationResult(
+            tokens=state.generated,
+            n_forwards=len(state.steps),
+            steps=state.steps,
+            prefill_s=t_prefilled - t_start,
+            decode_s=t_end - t_prefilled,
+            stop_reason=state.reason,
+            margins=state.margins,
+            num_cached=num_cached,
+        )
 
+    def _check_request(self, input_ids: Sequence[int], max_new_tokens: int, cache: TargetCache | None) -> list[int]:
+        prompt = [int(t) for t in input_ids]
+        if not prompt:
+            raise ValueError("input_ids is empty; the engine needs at least one prompt token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if cache is not None and cache.model is not self.kv.model:
+            raise ValueError("cache belongs to another model; a KV cache is only valid for the model that filled it")
+        return prompt
+
+    def _step(self, kv: TargetCache, state: _LoopState, max_new_tokens: int, stop) -> None:
+        """One verification step: propose, plan the tree, one forward over it, accept, commit; recorded in ``state``."""
+        t0 = time.perf_counter()
+        proposals = []
+        if self.drafters and not state.one_token_next:
+            proposals = self.propose(DraftContext(tuple(state.tokens), state.prompt_len, len(state.steps)))
+        tree, proposed = self.plan(state.tokens[-1], proposals)
+        t1 = time.perf_counter()
+        logits = kv.forward_tree(tree)
+        acc = accept_greedy(tree, logits, self.tie_margin, with_margins=self.record_margins)
+        t2 = time.perf_counter()
+        kv.commit(acc.kept_nodes)
+        self._learn(tree, proposals, acc, logits, t2 - t1)
+        state.one_token_next = acc.bonus is None
+        num_new = self._append(state, acc, max_new_tokens, stop)
+        state.steps.append(StepStats(tree.num_nodes, len(acc.accepted_tokens), num_new, t1 - t0, t2 - t1,
+                                     state.one_token_next, proposed))
+
+    def _learn(self, tree: DraftTree, proposals: Sequence[Proposal], acc: Accepted, logits: torch.Tensor,
+               forward_s: float) -> None:
+        """Update the online estimates the budget policy plans with: acceptance, root ties, speed."""
+        self.acceptance.record_step(tree, proposals, acc)
+        if self.policy != "budget" or self.cost is None:
+            return
+        if tree.num_nodes == 1 and self.tie_margin > 0 and self.drafters:
+            # the root's margin, which a tree step would have stopped at: keeps the tie rate learning
+            self.acceptance.record_root_tie(float(top2_margins(logits[:1])[0]) < self.tie_margin)
+        root_tie = acc.bonus is None and len(acc.path) == 1
+        if not root_tie:
+            self.acceptance.record_speed(tree.num_nodes, len(acc.new_tokens), forward_s,
+                                         self.cost.seconds(tree.num_nodes))
+
+    def _append(self, state: _LoopState, acc: Accepted, max_new_tokens: int, stop) -> int:
+        """Append ``acc``'s new tokens to ``state`` up to the first one that ends generation; returns how many."""
+        for i, tok in enumerate(acc.new_tokens):
+            state.tokens.append(tok)
+            state.generated.append(tok)
+            if state.margins is not None:
+                state.margins.append(acc.margins[i])
+            state.reason = self._stop_reason(state.generated, max_new_tokens, stop)
+            if state.reason is not None:
+                return i + 1
+        return len(acc.new_tokens)
+
+    def _observe(self, prompt: list[int], generated: list[int]) -> None:
+        """Show the finished call to every drafter that learns from one (a failing hook is a fault, not an error)."""
         for drafter in self.drafters:
             observe = getattr(drafter, "observe", None)
             if observe is not None:
@@ -273,13 +316,3 @@ class SpecEngine:
                     observe(prompt, generated)
                 except Exception as e:  # noqa: BLE001
                     self._fault(getattr(drafter, "name", type(drafter).__name__), f"observe raised {e!r}")
-        return GenerationResult(
-            tokens=generated,
-            n_forwards=len(steps),
-            steps=steps,
-            prefill_s=t_prefilled - t_start,
-            decode_s=t_end - t_prefilled,
-            stop_reason=reason,
-            margins=margins,
-            num_cached=num_cached,
-        )

@@ -18,7 +18,7 @@ Worked example (``max_match=3``): views ``{"a": [5, 6, 7, 8], "b": [1, 6, 7, 9]}
 Use::
 
     bank = HintBank.from_calls([call], fmt, tokenizer)            # or a sidecar_client request, polled
-    drafter = HintDrafter(bank)                                    # any object with poll() -> HintBank | None
+    drafter = HintDrafter(bank)                                    # any CallGuess: a bank, a sidecar's wave
     engine = make_engine(model, [fsm, retrieval, drafter, pld], eos_token_ids=[tokenizer.eos_token_id])
     result = engine.generate(prompt_ids, max_new_tokens=256)
     drafter.stats(result)      # HintStats(ready_step, num_proposed_tokens, num_accepted_tokens, match_s, ...)
@@ -115,12 +115,17 @@ def tokenize_views(views: Mapping[str, str], tokenizer) -> dict[str, list[int]]:
 class HintBank:
     """Token views of one request's predicted call(s), indexed by every n-gram of length 1..:data:`MAX_MATCH`.
 
-    A bank is ready by construction, so it is also a hint source: ``bank.poll()`` returns the bank (the gold
-    ceiling feeds a bank built from the gold call at time zero this way).
+    A bank is ready by construction, so it is also a :class:`CallGuess` known at arrival (the gold call, the call
+    the target itself writes, a client's hint text): ``poll()`` returns the bank, ``wait_call`` its first call.
+
+    Args:
+        views: view name -> target token ids.
+        calls: the calls the views render (``{"name", "arguments"}``; none for views of free text).
     """
 
-    def __init__(self, views: Mapping[str, Sequence[int]]):
+    def __init__(self, views: Mapping[str, Sequence[int]], calls: Sequence[Mapping] = ()):
         self.views: dict[str, tuple[int, ...]] = {k: tuple(int(t) for t in v) for k, v in views.items() if v}
+        self.calls = list(calls)
         # n-gram -> [(view, end)]: the gram ends at ``end`` and view[end] is the next token (so end < len(view))
         self._index: dict[tuple[int, ...], list[tuple[str, int]]] = {}
         for name, seq in self.views.items():
@@ -136,14 +141,27 @@ class HintBank:
         for i, call in enumerate(calls):
             for name, text in render_views(call, fmt).items():
                 views[name if i == 0 else f"{name}#{i}"] = text
-        return cls(tokenize_views(views, tokenizer))
+        return cls(tokenize_views(views, tokenizer), calls)
 
     @property
     def num_tokens(self) -> int:
         return sum(len(v) for v in self.views.values())
 
+    # a CallGuess that is ready at arrival: nothing runs in the background and no wave gate learns from it
     def poll(self) -> HintBank:
         return self
+
+    def wait_call(self, timeout: float) -> dict | None:
+        return self.calls[0] if self.calls else None
+
+    def cancel(self) -> None:
+        pass
+
+    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
+        return None
+
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        pass
 
     def match(self, tokens: Sequence[int], *, max_match: int = MAX_MATCH, min_match: int = 1,
               max_len: int = 16, max_candidates: int = 3) -> list[list[int]]:
@@ -179,9 +197,36 @@ class HintBank:
 # ------------------------------------------------------------------------------------------ the drafter
 
 
-class HintSource(Protocol):
+class CallGuess(Protocol):
+    """An early guess of one request's call, ready at some unknown time: a sidecar's wave
+    (:class:`~ooospec.runtime.sidecar_client.HintRequest`) or a call known at arrival (a :class:`HintBank`).
+
+    The one protocol every consumer takes: a :class:`HintDrafter` polls it for draft tokens, an agent loop runs the
+    guessed call's tool early (:meth:`wait_call`), and whoever started it ends it (:meth:`cancel`) and tells it how
+    the request went (:meth:`report`, :meth:`observe_tool`), which a sidecar's wave gate learns from.
+    """
+
     def poll(self) -> HintBank | None:
         """The bank once it is ready, else None. Must return at once (the target never waits on it)."""
+        ...
+
+    def wait_call(self, timeout: float) -> dict | None:
+        """Block up to ``timeout`` s for the guessed call ``{"name", "arguments"}``; None when there is none."""
+        ...
+
+    def cancel(self) -> None:
+        """The request is over: stop working on the guess."""
+        ...
+
+    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
+        """The request is over: the engine's result (None: generation failed), the :class:`HintStats` of the drafter
+        that used the guess (None: none did) and the calls the target wrote. Returns the wave gate's record of the
+        guess (None: no gate decided it)."""
+        ...
+
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        """An agent loop ran the call's tool for ``tool_s`` s; ``hit``: served from this guess's speculative run
+        (None: no guessed call was ready when the turn ended)."""
         ...
 
 
@@ -214,7 +259,7 @@ class HintDrafter:
     proposes nothing; it polls once per step and never blocks.
 
     Args:
-        source: anything with ``poll() -> HintBank | None`` (a client request, or a :class:`HintBank`).
+        source: the request's :class:`CallGuess` (a sidecar's wave, or a :class:`HintBank`); only polled.
         max_match / min_match: suffix lengths tried, longest first.
         max_len: tokens per candidate.
         max_candidates: distinct continuations per step.
@@ -223,7 +268,7 @@ class HintDrafter:
     name = "hints"
     priors: ClassVar[dict[str, float]] = {"hints/long": LONG_MATCH_PRIOR}
 
-    def __init__(self, source: HintSource, *, max_match: int = MAX_MATCH, min_match: int = 1, max_len: int = 16,
+    def __init__(self, source: CallGuess, *, max_match: int = MAX_MATCH, min_match: int = 1, max_len: int = 16,
                  max_candidates: int = 3):
         if not 1 <= min_match <= max_match <= MAX_MATCH:
             raise ValueError(f"need 1 <= min_match <= max_match <= {MAX_MATCH}, got {min_match}, {max_match}")

@@ -1,27 +1,15 @@
 """The llama.cpp backend: a GGUF target on llama.cpp's CPU kernels, verified as draft trees by the same engine.
 
-The tree engine (:mod:`ooospec.runtime.engine`) needs one thing from a backend: a KV cache owner with
-``prefill``, ``forward_tree`` (one forward over a token tree on top of the cache, logits for every node) and
-``commit`` (keep the accepted root path). :class:`LlamaCppKV` gives exactly that on llama.cpp, through its
-Python bindings (``llama-cpp-python``, low-level API), so the engine's drafters, budget policy and greedy
-acceptance run unchanged on quantized weights::
+The tree engine (:mod:`ooospec.runtime.engine`) asks a backend for a :class:`~ooospec.runtime.target.Target`: a KV
+cache owner with ``prefill``, ``forward_tree`` (one forward over a token tree on top of the cache, logits for every
+node) and ``commit`` (keep the accepted root path), and the facts around it. :class:`LlamaCppTarget` is that on
+llama.cpp, through its Python bindings (``llama-cpp-python``, low-level API); its cache,
+:class:`~ooospec.runtime.llamacpp_kv.LlamaCppKV`, verifies a tree as one multi-sequence batch. The engine's drafters,
+budget policy and greedy acceptance run unchanged on quantized weights::
 
     target = LlamaCppTarget("qwen2.5-coder-0.5b.gguf", threads=2)     # or load_target(name, backend="llama.cpp")
     engine = SpecEngine(target, drafters, eos_token_ids=target.eos_token_ids())
     engine.generate(prompt_ids, 256)
-
-How a tree becomes one llama.cpp batch (the scheme of llama.cpp's own tree-speculative example): every leaf of
-the tree is a sequence id; a node carries the ids of all leaves below it, so its KV cell belongs to every
-root-to-leaf path through it. llama.cpp masks a query by its *first* sequence id and position: node ``i`` (first
-id = a leaf ``s`` below it) sees the cells of ``s`` at positions ``<= pos(i)``: the committed prefix and exactly
-``i``'s ancestors. The KV cache is *unified* (one buffer; a cell holds a set of sequence ids), so a cell shared
-by several paths is stored once.
-
-Invariant between steps: the committed cells (prompt + accepted tokens but the last) belong to sequences
-``0 .. n_seq - 1`` (``n_seq`` grows to the widest tree seen, up to ``max_leaves``). After a forward, ``commit``
-keeps the accepted path: the path's cells are exactly the cells of a leaf ``s`` below its last node at
-positions ``< length + len(path)``; every other sequence drops the tree's cells (``llama_memory_seq_rm``) and
-gets the path back (``llama_memory_seq_cp``, which adds a sequence id to existing cells: no KV is copied).
 
 Numerics. llama.cpp's CPU matmuls pick kernels by batch size (a one-token forward runs matrix-vector dots; a
 batch may run repacked or tiled matrix-matrix kernels with another accumulation order), so a token scored inside
@@ -31,10 +19,6 @@ is below the target's ``tie_margin`` and takes that token from a one-token forwa
 margin is measured per file and machine (:func:`batch_shape_diff`, twice the largest logit difference between a
 16-token forward and one-token forwards, at least :data:`TIE_MARGIN`): 0.30 -> 0.6 on the registry's 0.5B Qwen
 GGUF, 0.68 -> 1.36 on the 1.5B one (``python -m ooospec.eval.substrate``, EPYC Zen 4, 2 threads).
-
-One context per target. A llama.cpp context holds one physical KV store, so only one :class:`LlamaCppKV` of a
-target can hold entries at a time: a cache used after another one took the context finds itself empty (its
-tokens are dropped and re-prefilled by the engine's ``keep_prefix_of``), which costs time, never correctness.
 """
 
 from __future__ import annotations
@@ -47,16 +31,21 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ooospec.runtime.kv_cache import common_prefix_len
-from ooospec.runtime.tree import DraftTree
+from ooospec.runtime.llamacpp_kv import LlamaCppKV
+from ooospec.runtime.tree import chain_tree
+
+if TYPE_CHECKING:
+    from ooospec.runtime.cost_model import Footprint
 
 logger = logging.getLogger(__name__)
+
 
 BACKEND = "llama.cpp"
 # The smallest tie margin of the backend: a choice inside a multi-token forward whose top-2 margin is below the
@@ -112,35 +101,82 @@ except Exception:  # noqa: BLE001 - bindings missing: nothing to register
     _QUIET_LOG = _NO_PROGRESS = None
 
 
-@dataclass
-class _TextConfig:
-    """The few config fields the runtime reads from a target (HF ``PretrainedConfig`` look-alike)."""
+@dataclass(frozen=True)
+class GGUFShape:
+    """The transformer's shape from the GGUF's metadata (``<arch>.block_count``, ``<arch>.attention.head_count``,
+    ...); what the KV byte counts and the roofline need."""
 
-    vocab_size: int
-    num_hidden_layers: int
+    num_layers: int
     hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    _name_or_path: str
-    _attn_implementation: str = BACKEND
-    extra: dict = field(default_factory=dict)
+    num_heads: int
+    num_kv_heads: int
 
-    def get_text_config(self):
-        return self
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // max(self.num_heads, 1)
 
-    def to_json_string(self, use_diff: bool = False) -> str:
-        import json
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2   # f16 K and V cells
 
-        return json.dumps({k: v for k, v in vars(self).items() if k != "extra"}, sort_keys=True)
+    @classmethod
+    def from_metadata(cls, meta: dict[str, str]) -> GGUFShape:
+        arch = meta.get("general.architecture", "?")
+
+        def num(key: str, default: int = 0) -> int:
+            try:
+                return int(meta.get(f"{arch}.{key}", default))
+            except ValueError:
+                return default
+
+        heads = num("attention.head_count", 1)
+        return cls(num("block_count"), num("embedding_length"), heads, num("attention.head_count_kv", heads))
 
 
-@dataclass
-class _GenerationConfig:
-    eos_token_id: list[int]
+def _load_model(path: Path, repack: bool):
+    L = _lib()
+    mparams = L.llama_model_default_params()
+    mparams.progress_callback = _NO_PROGRESS   # llama.cpp prints a dot per loaded chunk otherwise
+    mparams.use_extra_bufts = bool(repack)
+    model = L.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    return model
+
+
+def _new_context(target: LlamaCppTarget, flash_attn: bool):
+    L = _lib()
+    cparams = L.llama_context_default_params()
+    cparams.n_ctx = target.n_ctx
+    cparams.n_batch = cparams.n_ubatch = target.n_batch
+    cparams.n_seq_max = target.max_leaves
+    cparams.n_threads = cparams.n_threads_batch = target.threads
+    cparams.kv_unified = True     # a cell shared by several tree paths is one cell with several sequence ids
+    # Flash attention on the CPU accumulates V in fp16 in the cells' physical order, and a tree's accepted path
+    # need not sit in positional order (rejected siblings leave holes): the same context would give
+    # order-dependent logits (0.03 on a tiny Q4_0 model). The plain path accumulates in fp32.
+    cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cparams.no_perf = True
+    ctx = L.llama_init_from_model(target._model, cparams)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not create a context for {target.path} (n_ctx={target.n_ctx})")
+    return ctx
+
+
+def _apply_lora(target: LlamaCppTarget, lora: str | os.PathLike):
+    L = _lib()
+    adapter = L.llama_adapter_lora_init(target._model, str(lora).encode())
+    if not adapter:
+        raise RuntimeError(f"llama.cpp could not load the LoRA adapter {lora}")
+    adapters = (L.llama_adapter_lora_p_ctypes * 1)(adapter)
+    scales = (ctypes.c_float * 1)(1.0)
+    L.llama_set_adapters_lora(target._ctx, adapters, 1, scales)
+    return adapter
 
 
 class LlamaCppTarget:
-    """A GGUF model and one llama.cpp context (batch 1, unified KV, up to ``max_leaves`` tree leaves).
+    """A GGUF model and one llama.cpp context (batch 1, unified KV, up to ``max_leaves`` tree leaves): a
+    :class:`~ooospec.runtime.target.Target`.
 
     Args:
         path: the ``.gguf`` file.
@@ -149,13 +185,12 @@ class LlamaCppTarget:
         max_leaves: most root-to-leaf paths a verified tree may have (sequence ids of the context).
         n_batch: the largest batch one ``llama_decode`` takes (prefills are split into chunks of it).
         lora: optional GGUF LoRA adapter applied with scale 1.
-        flash_attn: llama.cpp's flash attention (off by default: see the note in ``__init__``).
+        flash_attn: llama.cpp's flash attention (off by default: see the note in :func:`_new_context`).
         repack: let llama.cpp repack weights at load for its batched CPU kernels (its default).
     """
 
     backend = BACKEND
     device = torch.device("cpu")
-    dtype = torch.float32   # the logits' dtype (weights are whatever the GGUF holds, see ``weight_type``)
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None, n_ctx: int = DEFAULT_CTX,
                  max_leaves: int = DEFAULT_MAX_LEAVES, n_batch: int = 512, lora: str | os.PathLike | None = None,
@@ -174,56 +209,16 @@ class LlamaCppTarget:
             threads = available_cores()
         self.threads = int(threads)
         self.n_ctx, self.max_leaves, self.n_batch = int(n_ctx), int(max_leaves), int(n_batch)
-        mparams = L.llama_model_default_params()
-        mparams.progress_callback = _NO_PROGRESS   # llama.cpp prints a dot per loaded chunk otherwise
-        mparams.use_extra_bufts = bool(repack)
-        self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            raise RuntimeError(f"llama.cpp could not load {self.path}")
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = self.max_leaves
-        cparams.n_threads = cparams.n_threads_batch = self.threads
-        cparams.kv_unified = True     # a cell shared by several tree paths is one cell with several sequence ids
-        # Flash attention on the CPU accumulates V in fp16 in the cells' physical order, and a tree's accepted path
-        # need not sit in positional order (rejected siblings leave holes): the same context would give
-        # order-dependent logits (0.03 on a tiny Q4_0 model). The plain path accumulates in fp32.
-        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cparams.no_perf = True
-        self._ctx = L.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise RuntimeError(f"llama.cpp could not create a context for {self.path} (n_ctx={self.n_ctx})")
+        self._model = _load_model(self.path, repack)
+        self._ctx = _new_context(self, flash_attn)
         self._mem = L.llama_get_memory(self._ctx)
         self._vocab = L.llama_model_get_vocab(self._model)
-        self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
+        self.vocab_size = int(L.llama_vocab_n_tokens(self._vocab))
         self._batch = L.llama_batch_init(self.n_batch, 0, self.max_leaves)
-        self._lora = None
-        if lora is not None:
-            self._lora = L.llama_adapter_lora_init(self._model, str(lora).encode())
-            if not self._lora:
-                raise RuntimeError(f"llama.cpp could not load the LoRA adapter {lora}")
-            adapters = (L.llama_adapter_lora_p_ctypes * 1)(self._lora)
-            scales = (ctypes.c_float * 1)(1.0)
-            L.llama_set_adapters_lora(self._ctx, adapters, 1, scales)
+        self._lora = None if lora is None else _apply_lora(self, lora)
         self.owner: LlamaCppKV | None = None   # the cache whose entries the context holds
         self._tie_margin: float | None = None
-        meta = self.metadata()
-        arch = meta.get("general.architecture", "?")
-
-        def num(key: str, default: int = 0) -> int:
-            try:
-                return int(meta.get(f"{arch}.{key}", default))
-            except ValueError:
-                return default
-
-        heads = num("attention.head_count", 1)
-        self.config = _TextConfig(
-            vocab_size=self.n_vocab, num_hidden_layers=num("block_count"), hidden_size=num("embedding_length"),
-            num_attention_heads=heads, num_key_value_heads=num("attention.head_count_kv", heads),
-            _name_or_path=str(self.path), extra={"architecture": arch, "file_type": self.weight_type})
-        self.generation_config = _GenerationConfig(self.eog_token_ids())
-        self.name_or_path = str(self.path)
+        self.shape = GGUFShape.from_metadata(self.metadata())
 
     # ------------------------------------------------------------------------------------------- facts
 
@@ -254,22 +249,26 @@ class LlamaCppTarget:
     def n_params(self) -> int:
         return int(_lib().llama_model_n_params(self._model))
 
-    def eog_token_ids(self) -> list[int]:
+    def eos_token_ids(self) -> list[int]:
         """Every end-of-generation token of the GGUF's vocabulary (EOS, EOT, ``<|im_end|>``, ...)."""
         L = _lib()
-        return sorted(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self._vocab, t))
+        return sorted(t for t in range(self.vocab_size) if L.llama_vocab_is_eog(self._vocab, t))
 
-    def fingerprint(self) -> str:
-        """What the forward cost depends on besides the machine: file name, size, weight format, threads."""
+    def cost_fingerprint(self) -> str:
+        """What the forward cost depends on: file name, size, weight format and threads, and the CPU."""
+        from ooospec.runtime.hardware import cpu_info
+
         h = hashlib.sha256(str(self.path.stat().st_size).encode())
         with open(self.path, "rb") as f:   # head and tail of the file: metadata and the last tensors' bytes
             h.update(f.read(1 << 20))
             f.seek(max(self.path.stat().st_size - (1 << 20), 0))
             h.update(f.read(1 << 20))
         digest = h.hexdigest()[:12]
-        return f"{BACKEND}|{self.path.name}|{self.weight_type}|file={digest}|threads={self.threads}"
+        info = cpu_info()
+        return (f"{BACKEND}|{self.path.name}|{self.weight_type}|file={digest}|threads={self.threads}"
+                f"|{info['model']}|{','.join(info['flags'])}")
 
-    def footprint(self):
+    def footprint(self) -> Footprint:
         """:class:`~ooospec.runtime.cost_model.Footprint` from the GGUF's tensor table (bytes as stored: quantized)."""
         from gguf import GGUFReader
 
@@ -282,11 +281,9 @@ class LlamaCppTarget:
         matrices = sum(n for n, _, dims in tensors.values() if dims >= 2)
         body = matrices - head[0] - (0 if tied else embed[0])
         weight_bytes = sum(b for _, b, _ in tensors.values()) - (0 if tied else embed[1])
-        cfg = self.config
-        head_dim = cfg.hidden_size // max(cfg.num_attention_heads, 1)
-        kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2   # f16 K and V cells
-        return Footprint(body, head[0], weight_bytes, kv_bytes, cfg.num_hidden_layers,
-                         cfg.num_attention_heads * head_dim)
+        shape = self.shape
+        return Footprint(body, head[0], weight_bytes, shape.kv_bytes_per_token, shape.num_layers,
+                         shape.num_heads * shape.head_dim)
 
     @property
     def tie_margin(self) -> float:
@@ -299,10 +296,12 @@ class LlamaCppTarget:
     def new_kv_cache(self) -> LlamaCppKV:
         return LlamaCppKV(self)
 
-    # ------------------------------------------------------------------------------------------- decode
+    # ------------------------------------------------------------ the cache's primitives (runtime/llamacpp_kv.py)
 
-    def _decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
-                outputs: Sequence[bool]) -> None:
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               outputs: Sequence[bool]) -> None:
+        """One ``llama_decode`` of ``tokens`` at ``positions``; token ``i`` joins sequences ``seq_ids[i]`` and
+        keeps its logits where ``outputs[i]``."""
         L, b = _lib(), self._batch
         n = len(tokens)
         if n > self.n_batch:
@@ -322,18 +321,19 @@ class LlamaCppTarget:
             raise RuntimeError(f"llama_decode failed with code {rc} on a batch of {n} tokens "
                                f"(positions {positions[0]}..{max(positions)}; n_ctx={self.n_ctx})")
 
-    def _logits(self, n_out: int) -> torch.Tensor:
+    def logits(self, n_out: int) -> torch.Tensor:
+        """The logits ``[n_out, vocab]`` (float32) of the last decode's output tokens, copied."""
         ptr = _lib().llama_get_logits(self._ctx)
-        arr = np.ctypeslib.as_array(ptr, shape=(n_out * self.n_vocab,))
-        return torch.from_numpy(arr.reshape(n_out, self.n_vocab).copy())
+        arr = np.ctypeslib.as_array(ptr, shape=(n_out * self.vocab_size,))
+        return torch.from_numpy(arr.reshape(n_out, self.vocab_size).copy())
 
-    def _seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
         _lib().llama_memory_seq_rm(self._mem, seq, p0, p1)
 
-    def _seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         _lib().llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
         _lib().llama_memory_clear(self._mem, True)
 
     def close(self) -> None:
@@ -355,172 +355,26 @@ class LlamaCppTarget:
             self.close()
 
 
-def _leaf_seqs(tree: DraftTree) -> tuple[list[list[int]], int]:
-    """Sequence ids per node: the index of every leaf below it (its own if it is a leaf), and the leaf count.
-
-    Worked example: ``root -> a -> {b, c}``, ``root -> d`` (nodes 0..4 = root, a, b, c, d): leaves b, c, d get ids
-    0, 1, 2; node a carries [0, 1], the root [0, 1, 2]. A node's first id is the leaf its query is masked by.
-    """
-    n = tree.num_nodes
-    has_child = [False] * n
-    for i in range(1, n):
-        has_child[tree.parents[i]] = True
-    seqs: list[list[int]] = [[] for _ in range(n)]
-    leaf = 0
-    for i in range(n):
-        if not has_child[i]:
-            node = i
-            while node >= 0:
-                seqs[node].append(leaf)
-                node = tree.parents[node]
-            leaf += 1
-    return seqs, leaf
-
-
-class LlamaCppKV:
-    """The KV cache of one sequence on a :class:`LlamaCppTarget` (the interface of
-    :class:`~ooospec.runtime.kv_cache.KVCache` the engine and sessions use). See the module docstring."""
-
-    def __init__(self, model: LlamaCppTarget):
-        self.model = model
-        self.length = 0
-        self.pending = 0
-        self.tokens: list[int] = []
-        self._pending_tokens: list[int] = []
-        self._pending_seqs: list[list[int]] = []
-        self._n_seq = 1   # sequences 0..n_seq-1 hold the committed cells
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def _own(self) -> None:
-        """Take the context: if another cache used it since, this cache's entries are gone; start empty."""
-        if self.model.owner is not self:
-            self.model._clear()
-            self.model.owner = self
-            self.length = self.pending = 0
-            self.tokens, self._pending_tokens, self._pending_seqs = [], [], []
-            self._n_seq = 1
-
-    def _require_committed(self, what: str) -> None:
-        if self.pending:
-            raise RuntimeError(f"{what}() called with an uncommitted forward; call commit() first")
-
-    def reset(self) -> None:
-        self._own()
-        self.model._clear()
-        self.length = self.pending = 0
-        self.tokens, self._pending_tokens, self._pending_seqs = [], [], []
-        self._n_seq = 1
-
-    @property
-    def nbytes(self) -> int:
-        cfg = self.model.config
-        head_dim = cfg.hidden_size // max(cfg.num_attention_heads, 1)
-        return 2 * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * self.length   # f16 K and V
-
-    def truncate(self, length: int) -> None:
-        self._own()
-        self._require_committed("truncate")
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of {self.length} entries to {length}")
-        if length == self.length:
-            return
-        for s in range(self._n_seq):
-            self.model._seq_rm(s, length, -1)
-        self.length = length
-        del self.tokens[length:]
-
-    def keep_prefix_of(self, tokens: Sequence[int]) -> int:
-        self._own()
-        kept = common_prefix_len(self.tokens, tokens)
-        self.truncate(kept)
-        return kept
-
-    def snapshot(self, length: int | None = None):
-        raise NotImplementedError("KV snapshots are not implemented on the llama.cpp backend (use backend 'hf')")
-
-    def load(self, snap) -> None:
-        raise NotImplementedError("KV snapshots are not implemented on the llama.cpp backend (use backend 'hf')")
-
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Append committed tokens in chunks of ``n_batch`` (no logits are computed)."""
-        self._own()
-        self._require_committed("prefill")
-        tokens = [int(t) for t in tokens]
-        if self.length + len(tokens) + 1 > self.model.n_ctx:
-            raise ValueError(f"prompt of {self.length + len(tokens) + 1} tokens does not fit n_ctx={self.model.n_ctx}")
-        seqs = list(range(self._n_seq))
-        step = self.model.n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start:start + step]
-            pos = range(self.length, self.length + len(chunk))
-            self.model._decode(chunk, pos, [seqs] * len(chunk), [False] * len(chunk))
-            self.length += len(chunk)
-            self.tokens.extend(chunk)
-
-    def forward_tree(self, tree: DraftTree) -> torch.Tensor:
-        """Logits ``[N, vocab]`` (float32) of every tree node on top of the cache; entries pending until commit."""
-        self._own()
-        if self.pending:
-            raise RuntimeError("forward_tree() called twice without commit()")
-        seqs, n_leaves = _leaf_seqs(tree)
-        if n_leaves > self.model.max_leaves:
-            raise ValueError(f"a tree with {n_leaves} leaves exceeds max_leaves={self.model.max_leaves}")
-        if self.length + tree.max_depth + 1 > self.model.n_ctx:
-            raise ValueError(f"context full: {self.length} cached + a tree of depth {tree.max_depth} > "
-                             f"n_ctx={self.model.n_ctx}")
-        for s in range(self._n_seq, n_leaves):   # every path needs the committed prefix
-            self.model._seq_cp(0, s)
-        self._n_seq = max(self._n_seq, n_leaves)
-        positions = [self.length + d for d in tree.depths]
-        self.model._decode(list(tree.tokens), positions, seqs, [True] * tree.num_nodes)
-        self.pending = tree.num_nodes
-        self._pending_tokens = list(tree.tokens)
-        self._pending_seqs = seqs
-        return self.model._logits(tree.num_nodes)
-
-    def commit(self, kept_nodes: Sequence[int]) -> None:
-        """Keep the pending cells of ``kept_nodes`` (a root path, in order) in every sequence; drop the rest."""
-        if self.model.owner is not self:
-            raise RuntimeError("commit() on a cache whose context was taken by another cache")
-        kept = list(kept_nodes)
-        if len(kept) > self.pending:
-            raise ValueError(f"cannot keep {len(kept)} nodes from a forward of {self.pending}")
-        start, end = self.length, self.length + len(kept)
-        tree_seqs = sorted({s for ids in self._pending_seqs for s in ids})
-        if not kept:
-            for s in tree_seqs:
-                self.model._seq_rm(s, start, -1)
-        else:
-            keep_seq = self._pending_seqs[kept[-1]][0]   # a leaf below the last kept node: its path is `kept`
-            for s in tree_seqs:
-                if s != keep_seq:
-                    self.model._seq_rm(s, start, -1)
-            self.model._seq_rm(keep_seq, end, -1)
-            for s in range(self._n_seq):
-                if s != keep_seq:
-                    self.model._seq_cp(keep_seq, s, start, end)
-        self.tokens.extend(self._pending_tokens[i] for i in kept)
-        self.length, self.pending = end, 0
-        self._pending_tokens, self._pending_seqs = [], []
-
-
 # --------------------------------------------------------------------------------------- batch-shape numerics
 
 
-def batch_shape_diff(target: LlamaCppTarget, context: int = 256, chain: int = 16, seed: int = 0) -> float:
-    """The largest absolute logit difference between ``chain`` tokens scored in one forward and the same tokens
-    scored one at a time, on a random ``context``-token prompt (the chain is the model's own greedy continuation).
+@dataclass(frozen=True)
+class BatchShapeDiff:
+    """The same tokens' logits scored in one forward vs one token at a time (same cache, same positions)."""
 
-    llama.cpp's batched kernels accumulate in another order than its one-token dot products, so this is not 0;
-    the engine's tie margin has to cover it (a choice closer than that is re-taken by a one-token forward).
+    max_abs_logit_diff: float    # the largest absolute logit difference
+    argmax_differs: bool         # some token's argmax differs between the two
+
+
+def batch_shape_diff(target: LlamaCppTarget, context: int = 256, chain: int = 16, seed: int = 0) -> BatchShapeDiff:
+    """``chain`` tokens scored in one forward vs the same tokens scored one at a time, on a random ``context``-token
+    prompt (the chain is the model's own greedy continuation).
+
+    llama.cpp's batched kernels accumulate in another order than its one-token dot products, so the difference is
+    not 0; the engine's tie margin has to cover it (a choice closer than that is re-taken by a one-token forward).
     """
-    from ooospec.runtime.tree import chain_tree
-
     rng = np.random.default_rng(seed)
-    prompt = [int(t) for t in rng.integers(100, min(target.n_vocab, 32000), size=context)]
+    prompt = [int(t) for t in rng.integers(100, min(target.vocab_size, 32000), size=context)]
     kv = target.new_kv_cache()
     kv.reset()
     kv.prefill(prompt[:-1])
@@ -537,7 +391,8 @@ def batch_shape_diff(target: LlamaCppTarget, context: int = 256, chain: int = 16
     kv.truncate(len(prompt) - 1)
     batched = kv.forward_tree(chain_tree(tokens)).clone()
     kv.commit([])
-    return float((batched - torch.stack(singles)).abs().max())
+    single = torch.stack(singles)
+    return BatchShapeDiff(float((batched - single).abs().max()), bool((batched.argmax(-1) != single.argmax(-1)).any()))
 
 
 TIE_FACTOR = 2.0   # a top-2 margin moves by up to twice the largest logit difference
@@ -545,21 +400,21 @@ _NUMERICS: dict[str, float] = {}
 
 
 def cached_batch_shape_diff(target: LlamaCppTarget) -> float:
-    """:func:`batch_shape_diff` for this file, threads and CPU: from memory, from ``$OOOSPEC_CACHE/hardware.json``
-    (section ``llamacpp_batch_shape_diff``) or measured (a second or two)."""
-    from ooospec.runtime.hardware import cached_probe, cpu_info
+    """:func:`batch_shape_diff`'s largest logit difference for this file, threads and CPU: from memory, from
+    ``$OOOSPEC_CACHE/hardware.json`` (section ``llamacpp_batch_shape_diff``) or measured (a second or two)."""
+    from ooospec.runtime.hardware import cached_probe
 
-    info = cpu_info()
-    key = f"{target.fingerprint()}|{info['model']}|{','.join(info['flags'])}"
+    key = target.cost_fingerprint()
     if key not in _NUMERICS:
         t0 = time.perf_counter()
-        _NUMERICS[key] = cached_probe("llamacpp_batch_shape_diff", key, lambda: batch_shape_diff(target))
+        _NUMERICS[key] = cached_probe("llamacpp_batch_shape_diff", key,
+                                      lambda: batch_shape_diff(target).max_abs_logit_diff)
         logger.info("llama.cpp batch-shape difference of %s: %.3f (%.1fs)", target.path.name, _NUMERICS[key],
                     time.perf_counter() - t0)
     return _NUMERICS[key]
 
 
-# --------------------------------------------------------------------------------------- plain greedy peer
+# --------------------------------------------------------------------------------------- plain greedy reference
 
 
 def greedy_reference(target: LlamaCppTarget, prompt: Sequence[int], max_new_tokens: int,
@@ -567,11 +422,11 @@ def greedy_reference(target: LlamaCppTarget, prompt: Sequence[int], max_new_toke
     """llama.cpp's plain greedy decoding the way its examples run it: the whole prompt in one batch (logits of
     the last token), then one token per ``llama_decode``; argmax in C++ order (``np.argmax``, first maximum).
 
-    Returns ``(tokens, prefill_s, decode_s)``. Used by the bench's ``llama.cpp`` peer method.
+    Returns ``(tokens, prefill_s, decode_s)``. The reference ``tests/runtime/test_llamacpp.py`` holds the engine to.
     """
     L = _lib()
     target.owner = None
-    target._clear()
+    target.clear()
     eos = {int(t) for t in eos_token_ids}
     prompt = [int(t) for t in prompt]
     t0 = time.perf_counter()
@@ -579,18 +434,17 @@ def greedy_reference(target: LlamaCppTarget, prompt: Sequence[int], max_new_toke
     for start in range(0, len(prompt), step):
         chunk = prompt[start:start + step]
         last = start + len(chunk) == len(prompt)
-        target._decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk),
-                       [False] * (len(chunk) - 1) + [last])
+        target.decode(chunk, range(start, start + len(chunk)), [[0]] * len(chunk),
+                      [False] * (len(chunk) - 1) + [last])
     t1 = time.perf_counter()
     out: list[int] = []
     pos = len(prompt)
-    n_vocab = target.n_vocab
     while True:
         ptr = L.llama_get_logits_ith(target._ctx, -1)
-        tok = int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
+        tok = int(np.argmax(np.ctypeslib.as_array(ptr, shape=(target.vocab_size,))))
         out.append(tok)
         if tok in eos or len(out) >= max_new_tokens or (stop is not None and stop(out)):
             break
-        target._decode([tok], [pos], [[0]], [True])
+        target.decode([tok], [pos], [[0]], [True])
         pos += 1
     return out, t1 - t0, time.perf_counter() - t1

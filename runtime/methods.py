@@ -1,4 +1,4 @@
-"""Decoding methods: ONE registry (``REGISTRY``) that the bench, the chat server and the agent loop all read.
+"""Decoding methods: ONE registry (``REGISTRY``) that the benches, the chat server and the agent loop all read.
 
 Engine methods (drafters verified by the tree engine; output = greedy output of the target, token for token)::
 
@@ -11,10 +11,24 @@ Engine methods (drafters verified by the tree engine; output = greedy output of 
                     the ceiling of what any sidecar's hints can give; gold can differ from what the target writes)
     NAME-fixed      NAME with a fixed node budget (``max_draft_nodes=32``) instead of the budget policy
 
-Peers (stock implementations run by ``ooospec bench`` on the same requests; adapters in :mod:`ooospec.eval`)::
+Peers (stock implementations run on the same requests; adapters in :mod:`ooospec.eval`)::
 
-    hf-greedy, hf-pld, hf-assisted    transformers' ``generate`` (HF backend)
-    llama.cpp, llama.cpp-pld          llama-cpp-python's ``Llama.generate`` (the target's GGUF)
+    hf-greedy, hf-pld, hf-assisted    transformers' ``generate`` (HF backend), run by ``ooospec bench``
+    llama.cpp, llama.cpp-pld          llama-cpp-python's ``Llama.generate`` (the target's GGUF), likewise
+    vllm, vllm-ngram, vllm-suffix     vLLM's own decoding, run by ``ooospec vllm-bench`` (beside the engine methods
+                                      marked ``vllm``, which it runs inside vLLM as a proposer); ``vllm-prefill``
+                                      decodes one token: the prompt's forward, as a report column
+
+A peer's ``drafters`` say what its stock implementation drafts with (``pld``: prompt lookup, ``assistant``: a draft
+model, ``suffix``: vLLM's suffix tree); the peer that drafts nothing is its backend's stock greedy reference
+(:data:`REFERENCES`), run on every example.
+
+Hints come from a hint source (:data:`HINT_SOURCES`): ``sidecar`` (a running sidecar's call, sent at the request's
+arrival), ``gold`` (the record's gold call) or ``oracle`` (the call ``ar`` wrote for the request), the last two at
+time zero. Where the sidecar runs is a deployment (:mod:`ooospec.runtime.deployments`). Code that needs one method
+by its role names it through :data:`BASELINE`, :data:`TOOLSPEC` or :data:`OOOSPEC`; everything else is a query of
+the registry (``method.uses_sidecar``, :func:`peers_of`, ...), so a method, hint source or deployment name is
+spelled here and in :mod:`~ooospec.runtime.deployments` only.
 
 One request at a time, a method is driven by a :class:`RequestDecoder`: it builds the request's engine (the FSM
 depends on the request's tools) and carries what a long-lived server learns across requests (acceptance
@@ -34,7 +48,7 @@ merge round-robin by rank and fill ``max_draft_nodes``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -44,13 +58,32 @@ if TYPE_CHECKING:   # the registry itself stays torch-free: CLIs read their choi
     from ooospec.runtime.budget import AcceptanceStats
     from ooospec.runtime.drafting import Drafter
     from ooospec.runtime.engine import SpecEngine
+    from ooospec.runtime.target import Target
 
-DrafterName = Literal["fsm", "hints", "retrieval", "pld"]
-HintSourceName = Literal["sidecar", "gold", "oracle"]
+DrafterName = Literal["fsm", "hints", "retrieval", "pld", "assistant", "suffix"]
+Backend = Literal["hf", "llama.cpp", "vllm"]
 FIXED_NODES = 32    # the node budget of the "-fixed" methods
 
 
-def make_engine(model: PreTrainedModel, drafters: Sequence[Drafter], **engine_kwargs) -> SpecEngine:
+@dataclass(frozen=True)
+class HintSource:
+    """Where an engine method's hints come from."""
+
+    name: str
+    label: str          # its row in the report tables
+    summary: str
+
+
+ORACLE, GOLD, SIDECAR = "oracle", "gold", "sidecar"
+# in the order of the report tables: the ceilings first (``ooospec bench --hints`` reads its choices here)
+HINT_SOURCES: dict[str, HintSource] = {h.name: h for h in (
+    HintSource(ORACLE, "oracle", "at time zero, the call the target itself writes (ar's output of the request)"),
+    HintSource(GOLD, "gold", "at time zero, the record's gold call"),
+    HintSource(SIDECAR, "real", "a running sidecar's call, asked at the request's arrival"),
+)}
+
+
+def make_engine(model: Target | PreTrainedModel, drafters: Sequence[Drafter], **engine_kwargs) -> SpecEngine:
     """An engine verifying the union of ``drafters``' candidates (in this order of priority)."""
     from ooospec.runtime.engine import SpecEngine
 
@@ -62,21 +95,26 @@ class Method:
     """One decoding method: what it is built from, and where it is offered.
 
     Attributes:
-        drafters: an engine method's drafters in priority order (``fsm``, ``hints``, ``retrieval``, ``pld``).
-        hints: where an engine method's hints come from (:data:`HINT_SOURCES`): ``"sidecar"`` (a running
-            sidecar), ``"gold"`` (the record's gold call) or ``"oracle"`` (the call ``ar`` wrote for the request).
+        drafters: an engine method's drafters in priority order (``fsm``, ``hints``, ``retrieval``, ``pld``); a
+            peer's: what its stock implementation drafts with (``pld``, ``assistant``, ``suffix``; none: greedy).
+        hints: where an engine method's hints come from (a :data:`HINT_SOURCES` name).
         fixed_nodes: the fixed node budget of the ``-fixed`` variants (None: the budget policy).
-        peer: the backend a peer's stock implementation runs on (``"hf"`` / ``"llama.cpp"``); None for ours.
+        peer: the backend a peer's stock implementation runs on; None for ours.
         served: offered by ``ooospec serve`` and the agent loop (the rest are bench-only).
+        vllm: an engine method ``ooospec vllm-bench`` also runs inside vLLM (drafts as a proposer, no tree policy).
+        prefill_only: a peer that decodes one token: it times the prompt's forward, which no drafter shortens
+            (reports show it as a column, not a method).
     """
 
     name: str
     summary: str
     drafters: tuple[DrafterName, ...] = ()
-    hints: HintSourceName | None = None
+    hints: str | None = None
     fixed_nodes: int | None = None
-    peer: Literal["hf", "llama.cpp"] | None = None
+    peer: Backend | None = None
     served: bool = False
+    vllm: bool = False
+    prefill_only: bool = False
 
     @property
     def is_engine(self) -> bool:
@@ -87,10 +125,27 @@ class Method:
         """Whether the engine depends on the request (its tools, its hints), so it is built per request."""
         return "fsm" in self.drafters or "hints" in self.drafters
 
+    @property
+    def takes_hints(self) -> bool:
+        """Whether it drafts from hints (a :class:`~ooospec.runtime.hints.CallGuess` of the request's call)."""
+        return "hints" in self.drafters
+
+    @property
+    def uses_sidecar(self) -> bool:
+        """Whether its hints come from a running sidecar (the rest are known at arrival or absent)."""
+        return self.hints == SIDECAR
+
+    @property
+    def warm_starts(self) -> bool:
+        """Whether it can continue from a cached prompt prefix (``--warm-tools``): every engine method and the
+        stock greedy peers; transformers' prompt lookup and assisted generation feed the whole prompt on top of a
+        cached prefix (:func:`ooospec.eval.peers.check_continued`), so they run cold only."""
+        return self.peer != "hf" or not self.drafters
+
     def engine_kwargs(self) -> dict:
         return {"policy": "fixed", "max_draft_nodes": self.fixed_nodes} if self.fixed_nodes else {}
 
-    def __call__(self, model: PreTrainedModel, **engine_kwargs) -> SpecEngine:
+    def __call__(self, model: Target | PreTrainedModel, **engine_kwargs) -> SpecEngine:
         """The engine of a request-independent method (``ar``, ``pld``, ``pld-fixed``)."""
         if not self.is_engine or self.per_request:
             raise ValueError(f"method {self.name!r} is built per request: use RequestDecoder({self.name!r}, model)")
@@ -102,33 +157,75 @@ class Method:
 
 _TOOLSPEC: tuple[DrafterName, ...] = ("fsm", "retrieval", "pld")
 _OOOSPEC: tuple[DrafterName, ...] = ("fsm", "hints", "retrieval", "pld")
+# the methods other code names by their role
+BASELINE = "ar"          # plain greedy through the engine: the exactness reference every speedup is against
+TOOLSPEC = "toolspec"    # drafts without hints: served without a sidecar; what a hint method's gain is against
+OOOSPEC = "ooospec"      # toolspec + sidecar hints: served with a sidecar
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (
-    Method("ar", "plain greedy decoding through the engine (the exactness reference)", served=True),
+    Method(BASELINE, "plain greedy decoding through the engine (the exactness reference)", served=True),
     Method("pld", "prompt-lookup n-gram drafts", drafters=("pld",)),
-    Method("toolspec", "schema FSM + retrieval + prompt-lookup drafts", drafters=_TOOLSPEC, served=True),
-    Method("ooospec", "toolspec + sidecar hints", drafters=_OOOSPEC, hints="sidecar", served=True),
+    Method(TOOLSPEC, "schema FSM + retrieval + prompt-lookup drafts", drafters=_TOOLSPEC, served=True, vllm=True),
+    Method(OOOSPEC, "toolspec + sidecar hints", drafters=_OOOSPEC, hints=SIDECAR, served=True, vllm=True),
     Method("ooospec-gold", "toolspec + the gold call as hints at time zero (the ceiling)", drafters=_OOOSPEC,
-           hints="gold"),
+           hints=GOLD),
     Method("ooospec-oracle", "toolspec + the target's own greedy call as hints at time zero (the ceiling of hints)",
-           drafters=_OOOSPEC, hints="oracle"),
+           drafters=_OOOSPEC, hints=ORACLE, vllm=True),
     Method("pld-fixed", "pld with a fixed node budget", drafters=("pld",), fixed_nodes=FIXED_NODES),
     Method("toolspec-fixed", "toolspec with a fixed node budget", drafters=_TOOLSPEC, fixed_nodes=FIXED_NODES),
     Method("hf-greedy", "transformers generate, greedy", peer="hf"),
-    Method("hf-pld", "transformers generate with prompt_lookup_num_tokens", peer="hf"),
-    Method("hf-assisted", "transformers assisted generation (--assistant)", peer="hf"),
+    Method("hf-pld", "transformers generate with prompt_lookup_num_tokens", drafters=("pld",), peer="hf"),
+    Method("hf-assisted", "transformers assisted generation (--assistant)", drafters=("assistant",), peer="hf"),
     Method("llama.cpp", "llama-cpp-python Llama.generate, greedy, on the target's GGUF", peer="llama.cpp"),
-    Method("llama.cpp-pld", "llama-cpp-python prompt-lookup speculation", peer="llama.cpp"),
+    Method("llama.cpp-pld", "llama-cpp-python prompt-lookup speculation", drafters=("pld",), peer="llama.cpp"),
+    Method("vllm", "vLLM's plain greedy decoding", peer="vllm"),
+    Method("vllm-ngram", "vLLM's ngram speculation (prompt lookup)", drafters=("pld",), peer="vllm"),
+    Method("vllm-suffix", "vLLM's suffix decoding (needs the arctic-inference package)", drafters=("suffix",),
+           peer="vllm"),
+    Method("vllm-prefill", "vLLM plain with one new token: the prompt's forward", peer="vllm", prefill_only=True),
 )}
 SERVED: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.served)
 ENGINE_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.is_engine)
-# where hints come from, in registry order (``ooospec bench --hints`` reads its choices here)
-HINT_SOURCES: tuple[str, ...] = tuple(dict.fromkeys(m.hints for m in REGISTRY.values() if m.hints))
+HINT_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.hints)
+# what ``ooospec bench`` runs: our engine methods and the transformers / llama.cpp peers
+BENCH_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.peer in (None, "hf", "llama.cpp"))
+# what ``ooospec vllm-bench`` runs: vLLM's own methods and ours inside vLLM
+VLLM_BENCH_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.peer == "vllm" or m.vllm)
+# backend -> its stock greedy peer (the reference every example runs)
+REFERENCES: dict[str, str] = {m.peer: n for n, m in REGISTRY.items()
+                              if m.peer and not m.drafters and not m.prefill_only}
+HF_REFERENCE, LLAMACPP_REFERENCE, VLLM_REFERENCE = REFERENCES["hf"], REFERENCES["llama.cpp"], REFERENCES["vllm"]
+VLLM_PREFILL = next(n for n, m in REGISTRY.items() if m.prefill_only)
+
+# the selections the CLIs and the transfer stage run by default
+DEFAULT_BENCH_METHODS: tuple[str, ...] = (BASELINE, "pld", TOOLSPEC, "hf-pld")
+DEFAULT_TRANSFER_METHODS: tuple[str, ...] = ("pld", "hf-pld", "hf-assisted", TOOLSPEC, OOOSPEC, "ooospec-gold")
+DEFAULT_VLLM_BENCH_METHODS: tuple[str, ...] = (VLLM_REFERENCE, "vllm-ngram", TOOLSPEC, "ooospec-oracle")
 
 
-def peers_of(backend: str) -> tuple[str, ...]:
+def peers_of(backend: Backend) -> tuple[str, ...]:
     """The peer methods whose stock implementation runs on ``backend``."""
     return tuple(n for n, m in REGISTRY.items() if m.peer == backend)
+
+
+def uses_sidecar(names: Iterable[str]) -> bool:
+    """Whether one of the methods ``names`` takes its hints from a sidecar (unknown names are not checked here)."""
+    return any(REGISTRY[n].uses_sidecar for n in names if n in REGISTRY)
+
+
+def drafting_with(drafter: DrafterName, names: Iterable[str]) -> list[str]:
+    """The methods of ``names`` (in their order) that draft with ``drafter`` (unknown names are skipped)."""
+    return [n for n in names if n in REGISTRY and drafter in REGISTRY[n].drafters]
+
+
+def default_served(with_sidecar: bool) -> str:
+    """The method ``ooospec serve`` runs when none is named: hints from the sidecar when there is one."""
+    return OOOSPEC if with_sidecar else TOOLSPEC
+
+
+def hint_method(source: str) -> str:
+    """The engine method whose hints come from ``source`` (a :data:`HINT_SOURCES` name)."""
+    return next(n for n, m in REGISTRY.items() if m.hints == source)
 
 
 def get_method(name: str | Method, *, served: bool = False) -> Method:
@@ -152,8 +249,8 @@ class RequestDecoder:
     decoder produced, never from gold calls.
     """
 
-    def __init__(self, method: str | Method, model: PreTrainedModel, *, acceptance: AcceptanceStats | None = None,
-                 **engine_kwargs):
+    def __init__(self, method: str | Method, model: Target | PreTrainedModel, *,
+                 acceptance: AcceptanceStats | None = None, **engine_kwargs):
         from ooospec.runtime.budget import AcceptanceStats
 
         self.method = get_method(method)
@@ -172,7 +269,7 @@ class RequestDecoder:
             if self._engine is None:
                 self._engine = self.method(self.model, **self.engine_kwargs)
             return self._engine
-        hints = hints if "hints" in self.method.drafters else None
+        hints = hints if self.method.takes_hints else None
         return make_engine(self.model, self.toolspec.for_request(tokenizer, fmt, list(tools), hints),
                            **self.engine_kwargs)
 

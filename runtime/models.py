@@ -20,9 +20,13 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ooospec.runtime.fetch import REGISTRY, fetch
+from ooospec.runtime.target import Target, as_target
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["REGISTRY", "eos_token_ids", "fetch", "load_target"]
 
@@ -171,17 +175,16 @@ def load_target(
     return model.eval(), tok
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Sorted union of the tokenizer's EOS and the model's ``generation_config.eos_token_id`` (int or list).
+def eos_token_ids(model: Target | PreTrainedModel, tokenizer) -> list[int]:
+    """Sorted union of the tokenizer's EOS and the target's own (:meth:`~ooospec.runtime.target.Target.eos_token_ids`:
+    a transformers model's ``generation_config.eos_token_id``, a GGUF's end-of-generation tokens).
 
     Raises ValueError when neither defines one (generation would only stop at its token cap).
     """
-    ids = set()
+    ids = set(as_target(model).eos_token_ids())
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
     if not ids:
-        raise ValueError("neither the tokenizer nor the model's generation_config defines an EOS token")
+        raise ValueError("neither the tokenizer nor the model (a transformers model's generation_config, a GGUF's "
+                         "vocabulary) defines an EOS token")
     return sorted(ids)

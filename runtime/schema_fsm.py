@@ -1,12 +1,12 @@
 """Schema-aware drafting (ToolSpec): a JSON-call grammar state machine built from the tools' JSON Schemas.
 
-The committed output text is fed through ``CallState`` (an incremental JSON-prefix parser that knows which
-part of ``{"name": ..., "arguments": {...}}`` it is in). ``next_pieces`` lists the legal next text pieces
-(most likely first): the fixed punctuation, every tool name consistent with the typed prefix, unused argument
-keys (required first), enum / boolean / null values, the call suffix. Free-form values (strings without
-enum, numbers, nested containers) get nothing: other drafters handle those. Schemas are read through
-``runtime.schemas`` (type lists such as ``["string", "null"]``, boolean sub-schemas, ``$ref`` into the tool's
-``$defs``); a value whose alternatives cannot all be listed (a free number, or more than ``MAX_OPTIONS``
+The committed output text is fed through :class:`~ooospec.runtime.call_state.CallState` (an incremental
+JSON-prefix parser that knows which part of ``{"name": ..., "arguments": {...}}`` it is in). ``next_pieces``
+lists the legal next text pieces (most likely first): the fixed punctuation, every tool name consistent with the
+typed prefix, unused argument keys (required first), enum / boolean / null values, the call suffix. Free-form
+values (strings without enum, numbers, nested containers) get nothing: other drafters handle those. Schemas are
+read through ``runtime.schemas`` (type lists such as ``["string", "null"]``, boolean sub-schemas, ``$ref`` into
+the tool's ``$defs``); a value whose alternatives cannot all be listed (a free number, or more than ``MAX_OPTIONS``
 values sharing no prefix) gets no draft, so a draft never excludes a value the schema allows.
 
 ``SchemaFSMDrafter`` expands the pieces into a few text continuations (branching at choice points while the
@@ -35,212 +35,11 @@ from types import ModuleType
 from typing import Any
 
 from ooospec.runtime import schemas
+from ooospec.runtime.call_state import CallState, parse_state
 from ooospec.runtime.drafting import DraftContext
 
-_WS = " \t\n\r"
-_LITERAL_CHARS = set("+-.0123456789eEtruefalsn")
 _FENCE = "```json\n"
-MAX_BUF = 1024          # string / literal characters kept per value; longer ones get no drafts
-MAX_KEPT = 256          # whitespace, text before the body and text after it: what style/suffix logic needs
 MAX_OPTIONS = 32        # enumerated values listed at one choice point; more collapse to their common prefix
-
-
-@dataclass
-class _Frame:
-    """One open JSON container. ``keys``: completed keys (objects); ``key``: key whose value is being read."""
-
-    kind: str                       # "{" or "["
-    keys: list[str] = field(default_factory=list)
-    key: str | None = None
-
-
-@dataclass
-class Style:
-    """Whitespace layout: ``indent=None`` is inline (``comma``/``colon`` after the punctuation)."""
-
-    indent: int | None = None
-    comma: str = " "
-    colon: str = " "
-
-    def newline(self, depth: int) -> str:
-        """Whitespace before an item (or closer) at container depth ``depth`` (1 = call object)."""
-        return "" if self.indent is None else "\n" + " " * (self.indent * depth)
-
-
-class CallState:
-    """Incremental parser of one call's text: the text before the JSON body, the body, the text after.
-
-    Modes: ``pre`` (before the first ``{``), ``value``, ``key_or_end``, ``key``, ``colon``, ``comma_or_end``,
-    ``arr_value_or_end``, ``string``, ``literal``, ``done`` (body closed; ``after`` collects the rest),
-    ``error`` (not a JSON call; nothing is drafted).
-    """
-
-    def __init__(self) -> None:
-        self.mode = "pre"
-        self.stack: list[_Frame] = []
-        self.buf = ""          # string content / literal characters typed so far (at most MAX_BUF)
-        self.buf_full = False  # the value outgrew MAX_BUF: nothing is drafted inside it
-        self.is_key = False    # the open string is a key
-        self.esc = False
-        self.uhex: str | None = None  # hex digits of a \uXXXX escape being typed
-        self.ws = ""           # whitespace typed since the last significant character
-        self.pre = ""
-        self.after = ""
-        self.name: str | None = None  # the call's "name" value once it is closed
-        self.style = Style()
-        self.known: set[str] = set()  # style fields actually observed
-        self._prev = ""        # last significant character (for style inference)
-
-    def clone(self) -> CallState:
-        new = CallState.__new__(CallState)
-        new.__dict__.update(self.__dict__)
-        new.stack = [_Frame(f.kind, list(f.keys), f.key) for f in self.stack]
-        new.style = Style(self.style.indent, self.style.comma, self.style.colon)
-        new.known = set(self.known)
-        return new
-
-    # -------------------------------------------------------------------------------- feeding
-
-    def feed(self, text: str) -> CallState:
-        for c in text:
-            if self.mode == "error":
-                break
-            self._feed_char(c)
-        return self
-
-    def _learn_style(self) -> None:
-        """Record the whitespace just typed after ``{`` / ``,`` / ``:`` as the layout of this output."""
-        if self._prev in ("{", ",") and "indent" not in self.known and "\n" in self.ws:
-            self.style.indent = len(self.ws) - self.ws.rfind("\n") - 1
-            if self.style.indent and len(self.stack) > 1:
-                self.style.indent //= len(self.stack)
-            self.known.add("indent")
-        elif self._prev == "{" and "indent" not in self.known:
-            self.style.indent = None
-            self.known.add("indent")
-        elif self._prev == "," and "\n" not in self.ws and "comma" not in self.known:
-            self.style.comma = self.ws
-            self.known.add("comma")
-        elif self._prev == ":" and "colon" not in self.known:
-            self.style.colon = self.ws
-            self.known.add("colon")
-
-    def _significant(self, c: str) -> None:
-        self._learn_style()
-        self.ws = ""
-        self._prev = c
-
-    def _append(self, c: str) -> None:
-        if len(self.buf) < MAX_BUF:
-            self.buf += c
-        else:
-            self.buf_full = True
-
-    def _value_done(self) -> None:
-        if not self.stack:
-            self.mode = "done"
-            return
-        top = self.stack[-1]
-        if top.kind == "{":
-            top.keys.append(top.key)
-        self.mode = "comma_or_end"
-
-    def _start_value(self, c: str) -> None:
-        if c == '"':
-            self.mode, self.buf, self.buf_full, self.is_key = "string", "", False, False
-        elif c in "{[":
-            self.stack.append(_Frame(c))
-            self.mode = "key_or_end" if c == "{" else "arr_value_or_end"
-        elif c in _LITERAL_CHARS:
-            self.mode, self.buf, self.buf_full = "literal", c, False
-        else:
-            self.mode = "error"
-
-    def _feed_char(self, c: str) -> None:
-        mode = self.mode
-        if mode == "pre":
-            if c == "{":
-                self._significant(c)
-                self._start_value(c)
-            else:
-                self.pre += c
-                if len(self.pre) > 2 * MAX_KEPT:  # only its tail matters (tags, fence, opener in progress)
-                    self.pre = self.pre[-MAX_KEPT:]
-            return
-        if mode == "done":
-            if len(self.after) <= MAX_KEPT:  # longer than any suffix already
-                self.after += c
-            return
-        if mode == "string":
-            if self.uhex is not None:
-                if c not in "0123456789abcdefABCDEF":
-                    self.mode = "error"
-                    return
-                self.uhex += c
-                if len(self.uhex) == 4:
-                    self._append(chr(int(self.uhex, 16)))
-                    self.uhex = None
-            elif self.esc:
-                if c == "u":
-                    self.uhex = ""
-                else:
-                    self._append({"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(c, c))
-                self.esc = False
-            elif c == "\\":
-                self.esc = True
-            elif c == '"':
-                self._prev = c
-                if self.is_key:
-                    self.stack[-1].key = None if self.buf_full else self.buf
-                    self.mode = "colon"
-                else:
-                    if len(self.stack) == 1 and self.stack[0].key == "name" and not self.buf_full:
-                        self.name = self.buf
-                    self._value_done()
-            else:
-                self._append(c)
-            return
-        if mode == "literal":
-            if c in _LITERAL_CHARS:
-                self._append(c)
-                return
-            self._value_done()
-            mode = self.mode
-        if c in _WS:
-            if len(self.ws) < MAX_KEPT:
-                self.ws += c
-            return
-        self._significant(c)
-        top = self.stack[-1] if self.stack else None
-        if mode in ("value", "arr_value_or_end"):
-            if mode == "arr_value_or_end" and c == "]":
-                self.stack.pop()
-                self._value_done()
-            else:
-                self._start_value(c)
-        elif mode in ("key_or_end", "key"):
-            if c == '"':
-                self.mode, self.buf, self.buf_full, self.is_key = "string", "", False, True
-            elif c == "}" and mode == "key_or_end":
-                self.stack.pop()
-                self._value_done()
-            else:
-                self.mode = "error"
-        elif mode == "colon":
-            self.mode = "value" if c == ":" else "error"
-        elif mode == "comma_or_end":
-            if c == ",":
-                self.mode = "key" if top.kind == "{" else "value"
-            elif c == ("}" if top.kind == "{" else "]"):
-                self.stack.pop()
-                self._value_done()
-            else:
-                self.mode = "error"
-
-
-def parse_state(text: str) -> CallState:
-    """The ``CallState`` after reading ``text`` from its start."""
-    return CallState().feed(text)
 
 
 # ------------------------------------------------------------------------------------ grammar

@@ -30,12 +30,14 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Literal
 
 from ooospec.runtime.engine import GenerationResult, SpecEngine
-from ooospec.runtime.kv_cache import KVSnapshot, common_prefix_len, new_kv_cache
+from ooospec.runtime.kv_cache import KVSnapshot, common_prefix_len
+from ooospec.runtime.target import Target, as_target
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Origin = Literal["session", "fork", "prefix", "new"]
 
@@ -146,9 +148,9 @@ class SessionStats:
 class Session:
     """One conversation's KV cache across turns (see the module docstring)."""
 
-    def __init__(self, model: PreTrainedModel, session_id: str = ""):
+    def __init__(self, model: Target | PreTrainedModel, session_id: str = ""):
         self.id = session_id
-        self.kv = new_kv_cache(model)
+        self.kv = as_target(model).new_kv_cache()
         self.stats = SessionStats()
 
     @property
@@ -189,10 +191,11 @@ class SessionStore:
         prefix_cache: shared blocks for new conversations; None = new conversations prefill from scratch.
     """
 
-    def __init__(self, model: PreTrainedModel, *, max_sessions: int = 8, prefix_cache: PrefixCache | None = None):
+    def __init__(self, model: Target | PreTrainedModel, *, max_sessions: int = 8,
+                 prefix_cache: PrefixCache | None = None):
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
-        self.model = model
+        self.target = as_target(model)
         self.max_sessions = max_sessions
         self.prefix_cache = prefix_cache
         self._sessions: OrderedDict[str, Session] = OrderedDict()
@@ -222,7 +225,7 @@ class SessionStore:
             self._sessions.move_to_end(best.id)
             self.counts["session"] += 1
             return best, "session"
-        session = Session(self.model, f"s{next(self._ids)}")
+        session = Session(self.target, f"s{next(self._ids)}")
         origin: Origin = "new"
         snap = self.prefix_cache.lookup(head) if self.prefix_cache is not None else None
         if best is not None and best_len > (len(snap.tokens) if snap is not None else 0):

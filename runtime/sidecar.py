@@ -82,14 +82,17 @@ class _Branch:
     out: list[int]          # generated tokens; out[-1] is the root of its next tree (not in the cache yet)
 
 
-def _query_branches(queries: DraftTree, query_ids: Sequence[Sequence[int]], root_key: int,
-                    logits: torch.Tensor) -> tuple[list[_Branch], list[int]]:
-    """The branches after the query tree's forward, and ``which[i]``, the branch of query ``i``.
+def _query_branches(kv: KVCache, queries: DraftTree,
+                    query_ids: Sequence[Sequence[int]]) -> tuple[list[_Branch], list[int]]:
+    """Forward the query tree and start the branches; returns them and ``which[i]``, the branch of query ``i``.
 
-    ``queries`` (the block's last token, then every query) is committed whole from cache entry ``root_key``, so
-    node ``j`` is entry ``root_key + j``; its ``logits`` ``[num_nodes, vocab]`` give every branch its first
+    ``queries`` (the block's last token, then every query) is committed whole after the cache's ``root_key``
+    entries, so node ``j`` is entry ``root_key + j``; its logits ``[num_nodes, vocab]`` give every branch its first
     token. Identical queries end on the same node and share a branch.
     """
+    root_key = kv.length
+    logits = kv.forward_tree(queries)
+    kv.commit(range(queries.num_nodes))
     branches: list[_Branch] = []
     which, branch_of_leaf = [], {}
     for i, q in enumerate(query_ids):
@@ -147,37 +150,45 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     t1 = time.perf_counter()
     poll("after the prefill")
     queries = build_tree(block_ids[-1], query_ids, max_nodes=sum(len(q) for q in query_ids))
-    logits = kv.forward_tree(queries)
-    kv.commit(range(queries.num_nodes))
-    branches, which = _query_branches(queries, query_ids, num_block - 1, logits)
+    branches, which = _query_branches(kv, queries, query_ids)
     key_pos = list(range(num_block)) + [num_block - 1 + d for d in queries.depths[1:]]   # [kv.length]
     n_forwards, drafted, accepted = 1, 0, 0
     live = [b for b in branches if not done(b)]
     while live:
         poll(f"after {n_forwards} forwards")
         forest = Forest(num_block, tuple(draft(b) for b in live), tuple(tuple(b.history) for b in live))
-        pos = forest_positions(forest)
-        logits = kv.forward_masked(forest.tokens, torch.tensor(pos), forest_visibility(forest, kv.length),
-                                   torch.tensor(key_pos + pos))
-        n_forwards += 1
-        kept: list[int] = []        # fed nodes whose entries stay, in cache order
-        for b, tree, start in zip(live, forest.trees, forest.offsets):
-            acc = accept_greedy(tree, logits[start:start + tree.num_nodes])
-            b.history += range(kv.length + len(kept), kv.length + len(kept) + len(acc.kept_nodes))
-            kept += [start + node for node in acc.kept_nodes]
-            drafted, accepted = drafted + tree.num_nodes - 1, accepted + len(acc.accepted_tokens)
-            for tok in acc.new_tokens:
-                if done(b):
-                    break
-                b.out.append(int(tok))
-        kv.commit(kept)
-        key_pos += [pos[i] for i in kept]
+        num_drafted, num_accepted = _advance_branches(kv, forest, live, key_pos, done)
+        n_forwards, drafted, accepted = n_forwards + 1, drafted + num_drafted, accepted + num_accepted
         live = [b for b in live if not done(b)]
     t2 = time.perf_counter()
     stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
              "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted,
              "cached_tokens": cached}
     return [list(branches[w].out) for w in which], stats
+
+
+def _advance_branches(kv: KVCache, forest: Forest, live: Sequence[_Branch], key_pos: list[int],
+                      done: Callable[[_Branch], bool]) -> tuple[int, int]:
+    """One forward over ``forest`` (each live branch's draft tree after the block): every branch keeps the path
+    greedy decoding agrees with plus the bonus token (up to where it is ``done``), the cache commits those nodes
+    and ``key_pos`` (the position of every cache entry) grows with them. Returns ``(drafted, accepted)`` tokens."""
+    pos = forest_positions(forest)
+    logits = kv.forward_masked(forest.tokens, torch.tensor(pos), forest_visibility(forest, kv.length),
+                               torch.tensor(key_pos + pos))
+    kept: list[int] = []        # fed nodes whose entries stay, in cache order
+    drafted = accepted = 0
+    for b, tree, start in zip(live, forest.trees, forest.offsets):
+        acc = accept_greedy(tree, logits[start:start + tree.num_nodes])
+        b.history += range(kv.length + len(kept), kv.length + len(kept) + len(acc.kept_nodes))
+        kept += [start + node for node in acc.kept_nodes]
+        drafted, accepted = drafted + tree.num_nodes - 1, accepted + len(acc.accepted_tokens)
+        for tok in acc.new_tokens:
+            if done(b):
+                break
+            b.out.append(int(tok))
+    kv.commit(kept)
+    key_pos += [pos[i] for i in kept]
+    return drafted, accepted
 
 
 def prefill_block(model, tokens: Sequence[int], prefix_cache: PrefixCache | None = None) -> tuple[KVCache, int]:

@@ -3,7 +3,8 @@
 * layout: the texts of a request's shared block and its slot queries (:func:`build_wave`, :data:`LAYOUTS`,
   :data:`LAYOUT_VERSION` the default);
 * tokenization: block and queries tokenized apart (:func:`encode_wave`);
-* answers: their one serialization (:func:`compact_json`), the gold answers (:func:`gold_answers`) and parsing;
+* answers: their one serialization (:func:`~ooospec.runtime.calls.compact_json`), the gold answers
+  (:func:`gold_answers`) and parsing;
 * joining: a wave's answers into one call (:func:`join_slots`, :func:`join_answers`);
 * adapter metadata: ``sidecar.json`` records the layout an adapter learned (:func:`read_metadata` returns it and
   refuses one this module cannot build).
@@ -87,6 +88,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ooospec.runtime import schemas
+from ooospec.runtime.calls import compact_json
 from ooospec.runtime.formats.common import first_value
 
 Form = Literal["function_index", "argument", "direct_call"]
@@ -105,14 +107,6 @@ CALL_QUERY = "Query: call\n"
 
 
 # ---------------------------------------------------------------- JSON helpers
-
-def compact_json(value: Any) -> str:
-    """The one serialization of sidecar answers: ``{"a":[1,"é"]}`` (no spaces, keys in their given order).
-
-    Raises ValueError for NaN / Infinity (not JSON).
-    """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
 
 def first_json(text: str) -> Any:
     """The first JSON value at the start of ``text`` (leading whitespace and trailing text ignored).

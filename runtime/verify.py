@@ -56,15 +56,9 @@ TIE_MARGINS = {torch.bfloat16: 0.25, torch.float16: 0.03}
 
 
 def default_tie_margin(dtype: torch.dtype) -> float:
-    """The ``tie_margin`` to use for a model of ``dtype``: 0 (exact arithmetic is stable enough) for fp32/fp64."""
+    """The ``tie_margin`` to use for a transformers model of ``dtype``: 0 (exact arithmetic is stable enough) for
+    fp32/fp64. A target's own is :attr:`~ooospec.runtime.target.Target.tie_margin`."""
     return TIE_MARGINS.get(dtype, 0.0)
-
-
-def tie_margin_of(model) -> float:
-    """The default ``tie_margin`` of a target: its backend's own (``model.tie_margin``, the llama.cpp backend) or
-    :func:`default_tie_margin` of its dtype (transformers)."""
-    own = getattr(model, "tie_margin", None)
-    return float(own) if own is not None else default_tie_margin(model.dtype)
 
 
 def top2_margins(logits: torch.Tensor) -> torch.Tensor:

@@ -28,13 +28,12 @@ side-effect-free tool early (:class:`~ooospec.runtime.tools.SpeculativeTools`): 
 target still decodes, so the wave saves up to the tool's latency ``tool_s`` (learnt per tool set from the tools the
 loop ran, :meth:`WaveGate.observe_tool`; 0 outside an agent loop) with probability ``hit_rate`` (learnt from the
 turns a joined call was ready for). Every quantity but ``marginal`` is learnt online (:meth:`WaveGate.observe`)
-from each finished request -- the target's timings, the HintDrafter stats, the server's wave timings (``prefill_s``,
-``decode_s``, ``n_forwards``, ``block_tokens``) and the target's slowdown while the wave ran
-(:func:`interference_sample`) -- as running sums started from a calibrated prior (:data:`PRIORS`, worth
-``prior_weight`` requests). The prior's sidecar compute (prefill per token, decode forward) was measured on another
-machine; a client replaces it with what the sidecar server measured at start-up on this one (``/health``
-``calibration``, :meth:`WaveGate.calibrate`): a Xeon with AMX prefills bf16 several times faster than a core
-without it.
+from each finished request's :class:`~ooospec.runtime.wave_outcome.WaveOutcome` (the target's timings and its
+slowdown while the wave ran, the HintDrafter stats, the server's wave timings) as running sums started from the
+deployment's calibrated prior (:data:`~ooospec.runtime.deployments.DEPLOYMENTS`, worth ``prior_weight`` requests).
+The prior's sidecar compute was measured on another machine; a client replaces it with what the sidecar server
+measured on this one (``/health`` ``calibration``, :meth:`WaveGate.calibrate`): a Xeon with AMX prefills bf16
+several times faster than a core without it.
 
 Worked example (the ``shared`` prior; a 350-token block, 9 queries, step_s 0.19 s, 55-token calls)::
 
@@ -57,9 +56,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ooospec.runtime import sidecar_prompts as sp
+
+if TYPE_CHECKING:
+    from ooospec.runtime.wave_outcome import WaveOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -87,32 +89,8 @@ class Estimates:
     target_token_s: float        # target decode seconds per committed token
     client_s: float              # the target process's own sidecar work (wave texts, join, views, tokenize)
     chars_per_token: float       # sidecar tokens of the block = chars / this
+    hit_rate: float              # P(a slots wave's joined call is the call the target commits)
     tool_s: float = 0.0          # latency of the tool a call runs (agent loops; 0: no tool runs on a guess)
-    # P(a slots wave's joined call is the call the target commits): the shipped sidecar's joined call matches the
-    # gold call on 62% of held-out requests (eval/reports/sidecar/table.md) and the 0.5B / 1.5B targets write the
-    # gold call on 38% / 46% of the transfer matrix's requests, so ~0.3; learnt from every turn a joined call was
-    # ready for
-    hit_rate: float = 0.3
-
-
-# Calibrated on data/transfer-full/cells/qwen2.5-coder-{0.5b,1.5b}/apibank-l1.json (2 shared Xeon cores, bf16,
-# shared deployment): server prefill 0.37 s for 372 tokens, decode 0.36 s for 5 forwards of 9 branches;
-# ooospec - toolspec + hint savings = 0.88-0.95 x the wave's compute (interference); gold hints at time zero save
-# 0.53 s for 28.5 hint-accepted tokens at T(1) = 0.19 s (marginal ~0.1); real hints were accepted at 0.21-0.23 per
-# call token after the bank was ready.
-_SHARED = Estimates(
-    interference=1.0, latency_factor=1.05, prefill_per_token=0.0011, decode_forward=0.045, decode_per_query=0.003,
-    forwards={"index": 2.0, "slots": 5.0}, accept_rate={"index": 0.05, "slots": 0.2}, marginal=0.1, step_s=0.19,
-    call_tokens=55.0, target_prefill=1.0, target_token_s=0.1, client_s=0.005, chars_per_token=3.0)
-
-PRIORS: dict[str, Estimates] = {
-    "shared": _SHARED,                                        # sidecar and target on the same cores: skip
-    "wave-first": replace(_SHARED, target_prefill=0.0),       # the target waits for the wave: all of it is cost
-    "split": replace(_SHARED, interference=0.05),             # the sidecar on a core of its own: send
-    "remote": replace(_SHARED, interference=0.0, prefill_per_token=0.0002, decode_forward=0.015,
-                      decode_per_query=0.0002),               # another machine / an idle accelerator: send
-}
-
 
 
 def calibrated(prior: Estimates, measured: Mapping[str, Any]) -> Estimates:
@@ -121,7 +99,8 @@ def calibrated(prior: Estimates, measured: Mapping[str, Any]) -> Estimates:
     seconds per token, and the decode forward pair scaled so that a forward of ``num_queries`` queries costs what
     was measured. Raises ValueError for a measurement that is not a positive number of seconds under 10.
 
-    >>> est = calibrated(PRIORS["shared"], {"prefill_per_token": 0.004, "decode_forward_s": 0.144, "num_queries": 9})
+    >>> from ooospec.runtime.deployments import SHARED
+    >>> est = calibrated(SHARED.prior, {"prefill_per_token": 0.004, "decode_forward_s": 0.144, "num_queries": 9})
     >>> est.prefill_per_token, round(est.decode_forward + 9 * est.decode_per_query, 3), round(est.decode_forward, 3)
     (0.004, 0.144, 0.09)
     """
@@ -174,7 +153,8 @@ def expected_tool_saving_s(option: Option, est: Estimates, latency: float) -> fl
     """Seconds of tool latency a ``slots`` wave is expected to hide in an agent loop: its joined call starts the
     tool when the wave is ready (``latency`` s after arrival); on a hit the tool ran beside the rest of the call.
 
-    >>> est = replace(PRIORS["shared"], tool_s=2.0, hit_rate=0.6)    # call ends at 1.0 + 55 * 0.1 = 6.5 s
+    >>> from ooospec.runtime.deployments import SHARED
+    >>> est = replace(SHARED.prior, tool_s=2.0, hit_rate=0.6)        # call ends at 1.0 + 55 * 0.1 = 6.5 s
     >>> round(expected_tool_saving_s(Option("slots", (), 0), est, latency=1.0), 3)
     1.2
     >>> round(expected_tool_saving_s(Option("slots", (), 0), est, latency=6.0), 3)   # ready 0.5 s before the end
@@ -278,79 +258,6 @@ def tools_key(tools: Sequence[Any]) -> str:
     return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:12]
 
 
-# ------------------------------------------------------------------------------------------ measurements
-
-
-@dataclass(frozen=True)
-class WaveOutcome:
-    """What one finished request tells the gate (see :func:`outcome_of`)."""
-
-    key: str
-    kind: Kind
-    call_tokens: int                 # tokens the target generated
-    tokens_after_ready: int          # of which committed at or after the step that found the bank (0: never)
-    accepted_hint_tokens: int
-    target_prefill_s: float
-    target_decode_s: float
-    idle_step_s: tuple[float, ...]   # seconds of the decode steps that ran with no wave in flight
-    client_s: float = 0.0            # the target process's sidecar work
-    server: Mapping[str, Any] = field(default_factory=dict)   # the server's wave timings ({} when none came)
-    wave_s: float | None = None      # client-seen latency of the wave
-    num_queries: int = 0
-    block_chars: int = 0
-    query_chars: int = 0
-    interference: tuple[float, float] | None = None   # (target seconds lost, sidecar compute seconds overlapped)
-    verbatim: tuple[tuple[str, str, bool], ...] = ()  # (tool, parameter, value in the request verbatim)
-
-
-def verbatim_slots(calls: Sequence[Mapping], messages: Sequence[Any]) -> tuple[tuple[str, str, bool], ...]:
-    """For each argument of ``calls`` (what the target wrote): whether its value's text occurs in the request.
-
-    A string value is looked up as is, any other as compact JSON: ``{"city": "Paris"}`` after "Weather in Paris?"
-    gives ``(("get_weather", "city", True),)``.
-    """
-    text = "\n".join(str(m.get("content") or "") for m in messages if isinstance(m, Mapping))
-    out = []
-    for call in calls:
-        args = call.get("arguments")
-        if not isinstance(args, Mapping):
-            continue
-        for p, v in args.items():
-            needle = v if isinstance(v, str) else sp.compact_json(v) if v is not None else ""
-            out.append((str(call.get("name")), str(p), bool(needle) and needle in text))
-    return tuple(out)
-
-
-def interference_sample(segments: Sequence[tuple[float, float, float]], window: tuple[float, float],
-                        compute_s: float) -> tuple[float, float] | None:
-    """``(target seconds lost, sidecar compute seconds overlapped)`` while a wave was in flight, or None.
-
-    Args:
-        segments: the target's work as ``(start, actual seconds, expected idle seconds)`` from arrival (its
-            prefill and decode steps; an expected value < 0 = unknown, skipped).
-        window: ``(sent, response)`` of the wave, seconds from arrival.
-        compute_s: the server's compute for the wave (prefill + decode), spread evenly over the window.
-
-    Each segment counts with the fraction of it inside the window: ``lost = sum f * (actual - expected)``,
-    ``overlapped = compute_s * (covered time / window length)``. ``[(0, 1.5, 1.0)]`` under a wave ``(0, 1)``
-    that computed 0.8 s: f = 2/3, lost 1/3 s, overlapped 0.8 s.
-    """
-    lo, hi = window
-    if hi <= lo or compute_s <= 0:
-        return None
-    lost = covered = 0.0
-    for start, actual, expected in segments:
-        if expected < 0 or actual <= 0:
-            continue
-        inside = max(0.0, min(hi, start + actual) - max(lo, start))
-        if inside > 0:
-            lost += inside / actual * (actual - expected)
-            covered += inside
-    if covered <= 0:
-        return None
-    return lost, compute_s * min(1.0, covered / (hi - lo))
-
-
 # ------------------------------------------------------------------------------------------ the online gate
 
 
@@ -376,7 +283,7 @@ class WaveGate:
     """Online estimates for one target and deployment, and the decision per request (thread-safe).
 
     Args:
-        prior: the deployment's :class:`Estimates` (:data:`PRIORS`).
+        prior: the deployment's :class:`Estimates` (:data:`~ooospec.runtime.deployments.DEPLOYMENTS`).
         cost: the target's :class:`~ooospec.runtime.cost_model.ForwardCost`; ``T(1)`` becomes ``step_s`` and the
             prior's; None = learn ``step_s`` from the measured steps alone.
         prior_weight: how many requests' worth of evidence the prior is.
@@ -588,52 +495,3 @@ class WaveGate:
             counts = {k: sum(r["decision"] == k for r in self.log) for k in KINDS}
         return {"estimates": asdict(est), "decisions": counts, "requests": self.num_requests,
                 "idle_prefills": dict(self.prefills), "calibration": self.calibration}
-
-
-def outcome_of(decision: WaveDecision, result, hint_stats, request_stats, calls: Sequence[Mapping],
-               messages: Sequence[Any]) -> WaveOutcome:
-    """A :class:`WaveOutcome` from one request's engine result, HintDrafter stats and sidecar request stats.
-
-    Args:
-        decision: what the gate decided for the request.
-        result: the engine's :class:`~ooospec.runtime.engine.GenerationResult`.
-        hint_stats: :meth:`~ooospec.runtime.hints.HintDrafter.stats` of the request (with the result).
-        request_stats: the client's :class:`~ooospec.runtime.sidecar_client.RequestStats`.
-        calls: the calls the target wrote (``{"name", "arguments"}``), for the verbatim rates.
-        messages: the request's messages.
-    """
-    st = request_stats
-    steps = list(result.steps)
-    ready = hint_stats.ready_step if hint_stats is not None else None
-    after = 0 if ready is None else sum(s.new_tokens for s in steps[ready:])
-    # the target's timeline from arrival: prefill, then the steps one after the other
-    wave_lo = None if st.sent_t is None else st.sent_t - st.arrival_t
-    wave_hi = None if st.response_t is None else st.response_t - st.arrival_t
-    t = result.prefill_s
-    timeline = []
-    for s in steps:
-        d = s.t_draft + s.t_forward
-        timeline.append((t, d))
-        t += d
-    if wave_lo is None:          # no wave went out: every step ran alone
-        idle = tuple(d for _, d in timeline)
-    else:                        # a wave with no response may have run to the end
-        end = float("inf") if wave_hi is None else wave_hi
-        idle = tuple(d for start, d in timeline if start >= end or start + d <= wave_lo)
-    sample = None
-    sv = st.server or {}
-    if wave_lo is not None and wave_hi is not None and idle:
-        expected = sum(idle) / len(idle)
-        segments = [(start, d, expected) for start, d in timeline]
-        sample = interference_sample(segments, (wave_lo, wave_hi),
-                                     (sv.get("prefill_s") or 0.0) + (sv.get("decode_s") or 0.0))
-    wave = decision.wave
-    return WaveOutcome(
-        key=decision.key, kind=decision.kind, call_tokens=len(result.tokens), tokens_after_ready=after,
-        accepted_hint_tokens=(hint_stats.num_accepted_tokens or 0) if hint_stats is not None else 0,
-        target_prefill_s=result.prefill_s, target_decode_s=result.decode_s, idle_step_s=idle,
-        client_s=st.build_s + (hint_stats.match_s if hint_stats is not None else 0.0), server=sv,
-        wave_s=st.wave_s, num_queries=st.n_queries,
-        block_chars=len(wave.block) if wave is not None else 0,
-        query_chars=sum(len(q.text) for q in wave.queries) if wave is not None else 0,
-        interference=sample, verbatim=verbatim_slots(calls, messages))

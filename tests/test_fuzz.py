@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ooospec.eval import harness
+from ooospec.eval import bench_data
 from ooospec.pipelines import dedupe, eval_sidecar, normalize
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
@@ -446,7 +446,7 @@ def test_record_loading_names_the_line_and_never_crashes(tmp_path_factory, data)
         bad = timed(R.validate_record, rec)
         assert bad is None or (bad[0] in REASONS and isinstance(bad[1], str))
     try:
-        timed(harness.load_examples, path)
+        timed(bench_data.load_examples, path)
     except ValueError as e:
         assert str(e).startswith(f"{path}")
 
@@ -528,7 +528,7 @@ def test_record_readers_name_file_line_and_never_crash(tmp_path_factory, lines):
         except normalize.Rejected as r:
             assert r.reason in normalize.REASONS
     try:
-        timed(harness.load_examples, path)
+        timed(bench_data.load_examples, path)
     except ValueError as e:
         assert str(e).startswith(f"{path}")
 

@@ -14,7 +14,8 @@ from ooospec import cli
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.sidecar import Sidecar
-from ooospec.runtime.sidecar_client import SidecarClient, health, launch_sidecar
+from ooospec.runtime.sidecar_client import SidecarClient
+from ooospec.runtime.sidecar_process import health, launch_sidecar
 from ooospec.sidecar_cli import predict_records
 from tests.pipelines.sidecar_tiny import byte_tokenizer, save_tiny_base, tiny_llama
 

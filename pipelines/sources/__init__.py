@@ -8,7 +8,9 @@
         # yields records (pipelines.records.make_record) or Reject(source, split, local_id, reason, detail)
 
 The parsers only translate; schema validation of tools and calls is done once, by the ingest stage
-(``records.validate_record``), so every source gets the same reject reasons for the same faults.
+(``records.validate_record``), so every source gets the same reject reasons for the same faults. Next to them:
+``pytypes`` (type strings -> JSON Schema, and the coercion of gold values every parser uses), ``apibank_text``
+(API-Bank's text spellings) and ``fetch`` (the download of the raw files).
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ def build_calls(gold: list[dict], tools: list[dict]) -> tuple[list[dict], dict]:
                     widened.append(f"{name}.{p}")
                 args[p] = v
                 continue
-            args[p], did = coerce_value(v, prop)
-            if did:
+            args[p], note = coerce_value(v, prop)
+            if note:
                 coerced.append(f"{i}.{p}")
         calls.append(call(name, args))
         responses.append(list(g.get("responses", [])))

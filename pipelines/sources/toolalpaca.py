@@ -28,6 +28,7 @@ whose first step has one is rejected with ``unparseable_call`` (later placeholde
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import unicodedata
@@ -44,6 +45,14 @@ from ooospec.pipelines.records import (
     make_record,
     tool,
 )
+from ooospec.pipelines.sources.pytypes import (
+    coerce_arguments,
+    number_to_string,
+    str_to_integer,
+    str_to_number,
+    str_to_singleton,
+    strings_to_comma_string,
+)
 
 SOURCE = "toolalpaca"
 LICENSE = "Apache-2.0"
@@ -59,6 +68,10 @@ NOT_A_FUNCTION = "components"
 _PARAMS_RE = re.compile(r"Parameters: (\{.*?\})\nOutput:", re.DOTALL)
 _DOUBLED_KEY_RE = re.compile(r'"(\w+)"\s*:\s*"\1"\s*:')
 _PLACEHOLDER_RE = re.compile(r"\$\{[^}]*\}?")
+# gold arguments: numbers as strings and the reverse, a list of currencies for a string, one string for a list;
+# the notes call every number turned into a string "number->string"
+COERCIONS = (str_to_integer, str_to_number, functools.partial(number_to_string, note="number->string"),
+             strings_to_comma_string, str_to_singleton)
 _SCALARS = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
             "object": "object", "array": "array"}
 
@@ -225,32 +238,6 @@ def parse_action_input(text: str) -> tuple[dict | None, str | None]:
     return None, "invalid_json"
 
 
-_INT_RE = re.compile(r"[+-]?\d+")
-
-
-def coerce_arguments(args: dict, params: dict) -> tuple[dict, list[str]]:
-    """Lossless scalar coercion to the schema type (``"100"`` -> 100 for integer); returns notes."""
-    props = params.get("properties", {})
-    out, notes = {}, []
-    for k, v in args.items():
-        t = props.get(k, {}).get("type")
-        if isinstance(v, str) and t in ("integer", "number") and _INT_RE.fullmatch(v.strip()) \
-                and str(int(v.strip())) == v.strip().lstrip("+"):
-            v, note = int(v.strip()), f"{k}: str->{t}"
-            notes.append(note)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and t == "string":
-            v = str(v)
-            notes.append(f"{k}: number->string")
-        elif isinstance(v, list) and t == "string" and v and all(isinstance(x, str) for x in v):
-            v = ",".join(v)  # "symbols": ["EUR", "GBP"] for a string "list of currencies" -> "EUR,GBP"
-            notes.append(f"{k}: array->comma_string")
-        elif isinstance(v, str) and t == "array" and props[k].get("items", {}).get("type") == "string":
-            v = [v]
-            notes.append(f"{k}: str->array[1]")
-        out[k] = v
-    return out, notes
-
-
 # ---------------------------------------------------------------- records
 
 def api_tools(api: dict) -> tuple[list[dict], dict[str, str], dict[str, dict]]:
@@ -279,7 +266,45 @@ def api_tools(api: dict) -> tuple[list[dict], dict[str, str], dict[str, dict]]:
     return tools, originals, params_by_action
 
 
+def gold_steps(api_name: str, steps: list[dict],
+               params_by_action: dict[str, dict]) -> tuple[list[dict], list[str], list[str]]:
+    """Every gold step -> (``meta.steps``, recovered notes, coerced notes).
+
+    A step whose ``Action_Input`` cannot be recovered stays raw: ``{"name", "arguments_raw", "error"}``."""
+    out_steps, recovered, coerced = [], [], []
+    for si, st in enumerate(steps):
+        action, optional = split_optional(st.get("Action", ""))
+        tname = tool_name(api_name, action) if action else ""
+        args, how = parse_action_input(st.get("Action_Input", ""))
+        if args is None:
+            out_steps.append({"name": tname, "arguments_raw": st.get("Action_Input", ""), "error": how})
+            continue
+        if action in params_by_action:
+            args, notes = coerce_arguments(args, params_by_action[action], COERCIONS)
+            coerced += [f"{si}.{k}: {note}" for k, note in notes.items()]
+        if how:
+            recovered.append(f"{si}:{how}")
+        out_steps.append({"name": tname, "arguments": args})
+        if optional:
+            out_steps[-1]["optional"] = True
+    return out_steps, recovered, coerced
+
+
+def first_step_fault(step: dict, parsed: dict, params_by_action: dict[str, dict]) -> tuple[str, str] | None:
+    """Why the first gold ``step`` (``parsed`` by :func:`gold_steps`) cannot be the record's call:
+    ``(reject reason, detail)``, or None."""
+    action = split_optional(step.get("Action", ""))[0]
+    if action == ASK_USER:
+        return FIRST_STEP_ASKS_USER, f"first gold step is {ASK_USER} (asks the user, not an API call)"
+    if action not in params_by_action:
+        return CALL_UNKNOWN_TOOL, f"{action!r} is not in the API's Function_Description"
+    if "arguments" not in parsed:
+        return UNPARSEABLE_CALL, f"first Action_Input {parsed['arguments_raw'][:120]!r}"
+    return None
+
+
 def parse_file(path: Path, split: str) -> Iterator[dict | Reject]:
+    """One evaluation file: a record per instruction of every API provider (see module docstring)."""
     fname = path.name
     for ai, api in enumerate(json.loads(path.read_text(encoding="utf-8"))):
         api_name = api.get("Name", f"#{ai}")
@@ -298,50 +323,22 @@ def parse_file(path: Path, split: str) -> Iterator[dict | Reject]:
                              f"{fname} API {api_name!r}: {e}")
             continue
         for i, (instruction, steps) in enumerate(zip(instructions, answers)):
-            local_id = f"{key}#{i}"
-            where = f"{fname} API {api_name!r} instruction {i}"
             raw = {"instruction": instruction, "Golden_Answers": steps}
-            if not steps:
-                yield Reject(SOURCE, split, local_id, NO_GOLD_CALL, f"{where}: empty Golden_Answers",
-                             raw=raw)
-                continue
-            out_steps, recovered, coerced = [], [], []
-            for si, st in enumerate(steps):
-                action, optional = split_optional(st.get("Action", ""))
-                tname = tool_name(api_name, action) if action else ""
-                args, how = parse_action_input(st.get("Action_Input", ""))
-                if args is None:
-                    text = st.get("Action_Input", "")
-                    out_steps.append({"name": tname, "arguments_raw": text, "error": how})
-                    continue
-                if action in params_by_action:
-                    args, notes = coerce_arguments(args, params_by_action[action])
-                    coerced += [f"{si}.{n}" for n in notes]
-                if how:
-                    recovered.append(f"{si}:{how}")
-                out_steps.append({"name": tname, "arguments": args})
-                if optional:
-                    out_steps[-1]["optional"] = True
-            first, first_action = out_steps[0], split_optional(steps[0].get("Action", ""))[0]
-            if first_action == ASK_USER:
-                yield Reject(SOURCE, split, local_id, FIRST_STEP_ASKS_USER,
-                             f"{where}: first gold step is {ASK_USER} (asks the user, not an API call)",
-                             raw=raw)
-                continue
-            if first_action not in params_by_action:
-                yield Reject(SOURCE, split, local_id, CALL_UNKNOWN_TOOL,
-                             f"{where}: {first_action!r} is not in the API's Function_Description", raw=raw)
-                continue
-            if "arguments" not in first:
-                yield Reject(SOURCE, split, local_id, UNPARSEABLE_CALL,
-                             f"{where}: first Action_Input {first['arguments_raw'][:120]!r}", raw=raw)
+            fault = (NO_GOLD_CALL, "empty Golden_Answers") if not steps else None
+            if fault is None:
+                out_steps, recovered, coerced = gold_steps(api_name, steps, params_by_action)
+                fault = first_step_fault(steps[0], out_steps[0], params_by_action)
+            if fault is not None:
+                yield Reject(SOURCE, split, f"{key}#{i}", fault[0],
+                             f"{fname} API {api_name!r} instruction {i}: {fault[1]}", raw=raw)
                 continue
             meta: dict[str, Any] = {"api": api_name, "functions": originals, "steps": out_steps}
             if recovered:
                 meta["recovered"] = recovered
             if coerced:
                 meta["coerced"] = coerced
-            yield make_record(SOURCE, split, local_id, tools, [{"role": "user", "content": instruction}],
+            first = out_steps[0]
+            yield make_record(SOURCE, split, f"{key}#{i}", tools, [{"role": "user", "content": instruction}],
                               [{"name": first["name"], "arguments": first["arguments"]}], meta)
 
 

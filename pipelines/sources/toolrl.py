@@ -231,8 +231,8 @@ def parse_item(item: dict, idx: int) -> dict | Reject | None:
                 return Reject(SOURCE, SPLIT, local_id, TRUNCATED_JSON_VALUE,
                               f"{where}: call {i} ({c['name']!r}) {broken[0]}={c['arguments'][broken[0]]!r}"[:300],
                               raw=item)
-            c["arguments"], changed = coerce_arguments(c["arguments"], schemas[c["name"]])
-            coerced += [f"{i}.{p}" for p in changed]
+            c["arguments"], notes = coerce_arguments(c["arguments"], schemas[c["name"]])
+            coerced += [f"{i}.{p}" for p in notes]
     fp = fingerprint(item)
     meta: dict[str, Any] = {"fingerprint": fp}
     if coerced:

@@ -6,8 +6,11 @@ A request passes, in order::
     req = parse_body(body, Model, {"prompt": 1024, "stop": 16})  # 400: not UTF-8 / JSON / an object, NaN or
                                                                  # Infinity, a lone surrogate, a list too long
     at_most(len(prompts) * max_tokens, 32768, "...", "max_tokens")   # the work it asks for (400)
-    async with admitted(state, worker, max_waiting): ...          # 429 when the queue is full
+    async with admitted(state, worker, limits): ...               # 429 when the queue is full
         await watched(request, work)                              # the work stops when the client leaves (499)
+
+The limits every request meets the same way on both servers (body size and time, queue, keep-alive, shutdown
+grace) are :class:`TransportLimits`; each app's ``Limits`` extends them with what its requests ask for.
 
 Every refusal is a :class:`~ooospec.runtime.serve.http.RequestError`, answered in OpenAI's error shape.
 :func:`parse_body` checks raw list lengths BEFORE pydantic validates (a 2M-item list of wrong types would
@@ -40,7 +43,19 @@ DISCONNECT_POLL_S = 0.05       # how often a running request checks whether its 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")   # \ud800..\udfff: a pair is fine, a lone one is not text
 
 
-L = TypeVar("L")
+@dataclasses.dataclass(frozen=True)
+class TransportLimits:
+    """What any request may cost a server before its content is looked at; both apps' ``Limits`` extend these
+    (the sidecar's with a larger body: a wave repeats its block in every prompt)."""
+
+    max_body_bytes: int = 4 << 20       # 413 (read_body)
+    max_waiting: int = 8                # 429 (admitted): requests queued behind the running one
+    body_timeout_s: float = 30.0        # 408 (read_body): the whole body must arrive within this
+    keep_alive_s: float = 5.0           # a connection with no request for this long is closed (server_config)
+    shutdown_grace_s: float = 3.0       # SIGTERM: running requests get this long, then stop at their next forward
+
+
+L = TypeVar("L", bound=TransportLimits)
 
 
 def override_limits(limits: L, items: Sequence[str]) -> L:
@@ -143,21 +158,22 @@ def parse_body(body: bytes, model: type[M], max_items: Mapping[str, int]) -> M:
                            str(first["loc"][0])[:40] if first["loc"] else None) from None
 
 
-async def read_request(request: Request, model: type[M], *, max_bytes: int, timeout_s: float,
+async def read_request(request: Request, model: type[M], limits: TransportLimits, *,
                        max_items: Mapping[str, int]) -> M:
-    """:func:`read_body` then :func:`parse_body` in a worker thread (the event loop keeps serving)."""
-    body = await read_body(request, max_bytes, timeout_s)
+    """:func:`read_body` (``limits.max_body_bytes``, ``limits.body_timeout_s``) then :func:`parse_body` in a worker
+    thread (the event loop keeps serving)."""
+    body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
     return await anyio.to_thread.run_sync(parse_body, body, model, max_items)
 
 
 @asynccontextmanager
-async def admitted(state: dict, worker: Any, max_waiting: int) -> AsyncIterator[None]:
-    """Hold the server's one ``worker`` lock for a request: 429 when ``max_waiting`` requests already wait.
+async def admitted(state: dict, worker: Any, limits: TransportLimits) -> AsyncIterator[None]:
+    """Hold the server's one ``worker`` lock for a request: 429 when ``limits.max_waiting`` requests already wait.
 
     ``state["waiting"]`` / ``state["running"]`` count the queue for ``/health``; a request cancelled while it waits
     (the client went away) leaves the count right.
     """
-    if state["waiting"] >= max_waiting:
+    if state["waiting"] >= limits.max_waiting:
         raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
     state["waiting"] += 1
     queued = True

@@ -37,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.chat import ChatModel, ChatTurn, PreparedTurn
-from ooospec.runtime.serve.admission import admitted, read_request, watched
+from ooospec.runtime.serve.admission import TransportLimits, admitted, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 
 logger = logging.getLogger(__name__)
@@ -58,19 +59,15 @@ DEFAULT_PORT = 8000
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Per-request limits; a request over any of them gets a 4xx answer before any decoding."""
+class Limits(TransportLimits):
+    """Per-request limits (the transport ones, body / queue / connection, from :class:`TransportLimits`); a
+    request over any of them gets a 4xx answer before any decoding."""
 
-    max_body_bytes: int = 4 << 20       # 413
     max_messages: int = 512             # 400
     max_tools: int = 128                # 400
     max_prompt_tokens: int = 16384      # 400
     max_tokens: int = 2048              # 400: the request's max_tokens / max_completion_tokens
     default_max_tokens: int = 512       # when the request names none
-    max_waiting: int = 8                # 429: requests queued behind the running generation
-    body_timeout_s: float = 30.0        # 408: the whole body must arrive within this
-    keep_alive_s: float = 5.0           # a connection with no request for this long is closed
-    shutdown_grace_s: float = 3.0       # SIGTERM: running turns get this long, then stop at their next token
 
 
 class ChatCompletionRequest(BaseModel):
@@ -154,104 +151,90 @@ def _sse(obj: Any) -> str:
 # ------------------------------------------------------------------------------------------ the app
 
 
-def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -> FastAPI:
-    """The FastAPI app serving ``chat`` under the name ``model_name``."""
-    app = FastAPI(title="ooo-spec chat", docs_url=None, redoc_url=None)
-    worker = anyio.CapacityLimiter(1)      # one generation at a time: the model and sessions are not shared
-    state = {"waiting": 0, "running": 0}
+class _ChatRoutes:
+    """The app's routes and what they share: the model, its served name, the limits, the one worker (one generation
+    at a time: the model and sessions are not shared) and the queue counts ``/health`` reports."""
 
-    @app.get("/health")
-    async def health() -> dict:
-        sessions = chat.sessions.stats() if chat.sessions is not None else None
-        return {"status": "ok", "model": model_name, "method": chat.method, "running": state["running"],
-                "waiting": state["waiting"], "sessions": sessions}
+    def __init__(self, chat: ChatModel, model_name: str, limits: Limits):
+        self.chat, self.model_name, self.limits = chat, model_name, limits
+        self.worker = anyio.CapacityLimiter(1)
+        self.state = {"waiting": 0, "running": 0}
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+    async def health(self) -> dict:
+        sessions = self.chat.sessions.stats() if self.chat.sessions is not None else None
+        return {"status": "ok", "model": self.model_name, "method": self.chat.method,
+                "running": self.state["running"], "waiting": self.state["waiting"], "sessions": sessions}
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "ooospec"}]}
 
-    async def run_turn(prepared: PreparedTurn, max_tokens: int, on_tokens) -> tuple[ChatTurn, float]:
-        """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread; ``on_tokens`` runs after every
-        committed token (raising :class:`GenerationCancelled` there ends the turn)."""
-        t_queued = time.perf_counter()
-        async with admitted(state, worker, limits.max_waiting):
-            queue_s = time.perf_counter() - t_queued
-            turn = await anyio.to_thread.run_sync(
-                lambda: chat.generate(prepared, max_new_tokens=max_tokens, on_tokens=on_tokens))
-        return turn, queue_s
-
-    async def parse(request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:
-        req = await read_request(request, ChatCompletionRequest, max_bytes=limits.max_body_bytes,
-                                 timeout_s=limits.body_timeout_s,
-                                 # stop is refused below; the lists are bounded before pydantic sees them
-                                 max_items={"messages": limits.max_messages, "tools": limits.max_tools, "stop": 4})
-        max_tokens = check_request(req, model_name, limits)
-        try:
-            prepared = chat.prepare(req.messages, req.tools or [], req.tool_choice or "auto",
-                                    max_prompt_tokens=limits.max_prompt_tokens)
-        except (ValueError, TypeError) as e:
-            raise RequestError(400, str(e)[:500], str(e).split(":", 1)[0].split("[", 1)[0][:40]) from None
-        return req, prepared, max_tokens
-
-    @app.post("/v1/chat/completions")
-    async def completions(request: Request):
+    async def completions(self, request: Request):
+        """``POST /v1/chat/completions``: the whole answer, or an SSE stream of it (:meth:`stream`)."""
         t_arrival = time.perf_counter()
-        req, prepared, max_tokens = await parse(request)
+        req, prepared, max_tokens = await self.parse(request)
         if req.stream:
-            if state["waiting"] >= limits.max_waiting:     # refuse before the stream opens
-                raise RequestError(429, f"{state['waiting']} requests already waiting; retry later")
-            return StreamingResponse(stream(req, prepared, max_tokens), media_type="text/event-stream")
-
-        async def turn_until_gone(stop) -> tuple[ChatTurn, float]:
-            def on_tokens(generated: Sequence[int]) -> None:
-                if stop.is_set():
-                    raise GenerationCancelled
-            return await run_turn(prepared, max_tokens, on_tokens)
-
-        turn, queue_s = await watched(request, turn_until_gone)
+            if self.state["waiting"] >= self.limits.max_waiting:     # refuse before the stream opens
+                raise RequestError(429, f"{self.state['waiting']} requests already waiting; retry later")
+            return StreamingResponse(self.stream(req, prepared, max_tokens), media_type="text/event-stream")
+        turn, queue_s = await watched(request, lambda stop: self.run_turn(prepared, max_tokens, _stop_at(stop)))
         message, finish = assistant_message(turn)
         logger.info("chat turn: %d prompt tokens (%d cached, %s), %d new, %.2f s", turn.prompt_tokens,
                     turn.cached_tokens, turn.origin, turn.completion_tokens, time.perf_counter() - t_arrival)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                                                  "logprobs": None}],
+                "model": self.model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                                       "logprobs": None}],
                 "usage": usage(turn), "ooospec": turn_stats(turn, queue_s)}
 
-    async def stream(req: ChatCompletionRequest, prepared: PreparedTurn, max_tokens: int) -> AsyncIterator[str]:
+    async def parse(self, request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:
+        """The request, its prepared turn and its ``max_tokens``; :class:`RequestError` (4xx) when refused."""
+        limits = self.limits
+        req = await read_request(request, ChatCompletionRequest, limits,
+                                 # stop is refused below; the lists are bounded before pydantic sees them
+                                 max_items={"messages": limits.max_messages, "tools": limits.max_tools, "stop": 4})
+        max_tokens = check_request(req, self.model_name, limits)
+        try:
+            prepared = self.chat.prepare(req.messages, req.tools or [], req.tool_choice or "auto",
+                                         max_prompt_tokens=limits.max_prompt_tokens)
+        except (ValueError, TypeError) as e:
+            raise RequestError(400, str(e)[:500], str(e).split(":", 1)[0].split("[", 1)[0][:40]) from None
+        return req, prepared, max_tokens
+
+    async def run_turn(self, prepared: PreparedTurn, max_tokens: int, on_tokens) -> tuple[ChatTurn, float]:
+        """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread; ``on_tokens`` runs after every
+        committed token (raising :class:`GenerationCancelled` there ends the turn). Returns the turn and the
+        seconds it queued."""
+        t_queued = time.perf_counter()
+        async with admitted(self.state, self.worker, self.limits):
+            queue_s = time.perf_counter() - t_queued
+            turn = await anyio.to_thread.run_sync(
+                lambda: self.chat.generate(prepared, max_new_tokens=max_tokens, on_tokens=on_tokens))
+        return turn, queue_s
+
+    async def stream(self, req: ChatCompletionRequest, prepared: PreparedTurn,
+                     max_tokens: int) -> AsyncIterator[str]:
+        """The SSE chunks of one turn (see the module docstring); a closed stream ends the generation."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
         gone = False
-        sent = ""
 
         def on_tokens(generated: Sequence[int]) -> None:
             if gone:
                 raise GenerationCancelled
             if not prepared.tools:         # plain text: stream it as it is decoded
-                text = chat.tokenizer.decode(list(generated), skip_special_tokens=True)
+                text = self.chat.tokenizer.decode(list(generated), skip_special_tokens=True)
                 loop.call_soon_threadsafe(deltas.put_nowait, text)
 
         base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": model_name}
-
-        def chunk(delta: dict, finish: str | None = None) -> str:
-            return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                              "logprobs": None}]})
-
-        yield chunk({"role": "assistant", "content": ""})
-        task = asyncio.ensure_future(run_turn(prepared, max_tokens, on_tokens))
+                "created": int(time.time()), "model": self.model_name}
+        yield _chunk(base, {"role": "assistant", "content": ""})
+        task = asyncio.ensure_future(self.run_turn(prepared, max_tokens, on_tokens))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved even if the client left
         try:
-            while not task.done() or not deltas.empty():
-                getter = asyncio.ensure_future(deltas.get())
-                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    continue
-                text = getter.result()
-                if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
-                    yield chunk({"content": text[len(sent):]})
-                    sent = text
+            sent = ""
+            async for piece in _text_pieces(task, deltas):
+                sent += piece
+                yield _chunk(base, {"content": piece})
             try:
                 turn, _ = task.result()
             except RequestError as e:
@@ -262,18 +245,64 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
                 yield _sse({"error": {"message": f"generation failed: {type(e).__name__}", "type": "server_error",
                                       "code": 500}})
                 return
-            message, finish = assistant_message(turn)
-            if message.get("tool_calls"):
-                yield chunk({"tool_calls": [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]})
-            elif message["content"] != sent:
-                yield chunk({"content": message["content"].removeprefix(sent)})
-            yield chunk({}, finish)
-            if (req.stream_options or {}).get("include_usage"):
-                yield _sse({**base, "choices": [], "usage": usage(turn)})
-            yield "data: [DONE]\n\n"
+            for line in _last_chunks(base, turn, sent, (req.stream_options or {}).get("include_usage")):
+                yield line
         finally:
             gone = True                    # a closed stream (client gone) ends the generation at its next token
 
+
+def _stop_at(stop: threading.Event) -> Callable[[Sequence[int]], None]:
+    """A token callback that ends the generation (:class:`GenerationCancelled`) once ``stop`` is set."""
+    def on_tokens(generated: Sequence[int]) -> None:
+        if stop.is_set():
+            raise GenerationCancelled
+    return on_tokens
+
+
+def _chunk(base: dict, delta: dict, finish: str | None = None) -> str:
+    """One ``chat.completion.chunk`` event: ``base`` (id, created, model) with ``delta``."""
+    return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+
+async def _text_pieces(task: asyncio.Future, deltas: asyncio.Queue) -> AsyncIterator[str]:
+    """The new text of every decoded prefix ``deltas`` receives while ``task`` runs: only a prefix that extends
+    what was sent and does not end inside a character (``"\\ufffd"``)."""
+    sent = ""
+    while not task.done() or not deltas.empty():
+        getter = asyncio.ensure_future(deltas.get())
+        await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()
+            continue
+        text = getter.result()
+        if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
+            yield text[len(sent):]
+            sent = text
+
+
+def _last_chunks(base: dict, turn: ChatTurn, sent: str, include_usage: bool) -> list[str]:
+    """The events after a finished turn: the tool calls or the content not sent yet, the finish reason, the usage
+    when asked, ``[DONE]``."""
+    message, finish = assistant_message(turn)
+    out = []
+    if message.get("tool_calls"):
+        out.append(_chunk(base, {"tool_calls": [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]}))
+    elif message["content"] != sent:
+        out.append(_chunk(base, {"content": message["content"].removeprefix(sent)}))
+    out.append(_chunk(base, {}, finish))
+    if include_usage:
+        out.append(_sse({**base, "choices": [], "usage": usage(turn)}))
+    out.append("data: [DONE]\n\n")
+    return out
+
+
+def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -> FastAPI:
+    """The FastAPI app serving ``chat`` under the name ``model_name``."""
+    app = FastAPI(title="ooo-spec chat", docs_url=None, redoc_url=None)
+    routes = _ChatRoutes(chat, model_name, limits)
+    app.get("/health")(routes.health)
+    app.get("/v1/models")(routes.models)
+    app.post("/v1/chat/completions")(routes.completions)
     add_error_handlers(app)
     return app
 

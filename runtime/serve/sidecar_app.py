@@ -59,7 +59,7 @@ import torch
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime.serve.admission import admitted, at_most, read_request, watched
+from ooospec.runtime.serve.admission import TransportLimits, admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 from ooospec.runtime.session import PrefixCache
 from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches, measure_wave_cost
@@ -72,8 +72,9 @@ MODEL_NAME = "sidecar"          # the served model name (vLLM: --lora-modules si
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Per-request limits; a request over any of them gets a 4xx answer, never a partial one."""
+class Limits(TransportLimits):
+    """Per-request limits (the transport ones, body / queue / connection, from :class:`TransportLimits`); a
+    request over any of them gets a 4xx answer, never a partial one."""
 
     max_body_bytes: int = 16 << 20      # 413 (a wave repeats its block in every prompt: 40 x 20 KB = 0.8 MB)
     max_prompts: int = 1024             # 400
@@ -84,10 +85,6 @@ class Limits:
     max_forward_logits: int = 1 << 27   # 400, logits one forward keeps: nodes x vocab (512 MiB in fp32)
     max_tokens: int = 512               # 400, the request's max_tokens
     max_wave_new_tokens: int = 32768    # 400, max_tokens x prompts
-    max_waiting: int = 8                # 429, requests queued behind the running wave
-    body_timeout_s: float = 30.0        # 408, the whole body must arrive within this
-    keep_alive_s: float = 5.0           # a connection with no request for this long is closed
-    shutdown_grace_s: float = 3.0       # SIGTERM: running waves get this long, then stop at their next forward
 
 
 class CompletionRequest(BaseModel):
@@ -302,13 +299,12 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     @app.post("/v1/completions")
     async def completions(request: Request):
         t_arrival = time.perf_counter()
-        req = await read_request(request, CompletionRequest, max_bytes=limits.max_body_bytes,
-                                 timeout_s=limits.body_timeout_s,
+        req = await read_request(request, CompletionRequest, limits,
                                  max_items={"prompt": limits.max_prompts, "stop": limits.max_stops})
         prompts, stops = check_request(req, model_name, limits)
 
         async def wave(stop) -> tuple[dict, float]:
-            async with admitted(state, worker, limits.max_waiting):
+            async with admitted(state, worker, limits):
                 t_start = time.perf_counter()
                 try:
                     return await anyio.to_thread.run_sync(

@@ -35,13 +35,15 @@ from dataclasses import dataclass, field, fields
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, collect_proposals
 from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.methods import get_method
+from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
 from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, record_chain
 
 logger = logging.getLogger(__name__)
 
 XARG_TOOLS, XARG_MESSAGES, XARG_HINT = "ooospec_tools", "ooospec_messages", "ooospec_hint"
-VLLM_METHODS = ("toolspec", "ooospec")     # registry methods a vLLM engine can run (chains, no tree policy)
+# the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
+# ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
+VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class ProposerConfig:
         max_requests: request states kept at most (the oldest is dropped; a preempted request that never returns).
     """
 
-    method: str = "toolspec"
+    method: str = TOOLSPEC
     sidecar_url: str | None = None
     sidecar_model: str = "sidecar"
     sidecar_layout: int | None = None
@@ -144,7 +146,7 @@ class ChainProposer:
         self.acceptance = AcceptanceStats()
         self.toolspec = ToolSpecDrafters()
         self.sidecar = sidecar
-        if self.sidecar is None and self.config.sidecar_url and "hints" in self.method.drafters:
+        if self.sidecar is None and self.config.sidecar_url and self.method.takes_hints:
             from ooospec.runtime.sidecar_client import SidecarClient, adapter_layout
 
             self.sidecar = SidecarClient(self.config.sidecar_url, model=self.config.sidecar_model,
@@ -160,7 +162,7 @@ class ChainProposer:
         from ooospec.runtime.hints import HintDrafter
 
         tools = json_arg(extra, XARG_TOOLS, list) or []
-        hint_source = self._hint_source(extra, tools) if "hints" in self.method.drafters else None
+        hint_source = self._hint_source(extra, tools) if self.method.takes_hints else None
         hints = HintDrafter(hint_source) if hint_source is not None else None
         for label, p in (hints.priors if hints is not None else {}).items():
             self.acceptance.set_prior(label, p)

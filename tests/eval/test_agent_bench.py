@@ -108,14 +108,15 @@ def test_gate_decisions_are_counted_per_latency_and_variant():
 def test_sidecar_speculator_with_the_gate_runs_every_variant():
     """The sidecar path of run_bench (a stand-in server, a gated client): every variant runs, the server is waited
     for between replays, each turn carries the gate's decision, and the texts are the same in every variant."""
+    from ooospec.runtime.deployments import SPLIT
     from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.wave_gate import PRIORS, WaveGate
+    from ooospec.runtime.wave_gate import WaveGate
     from tests.runtime.sidecar_servers import StandIn
 
     model, tok = trained_chat_model()
     dialogue = AB.Dialogue("weather", USER, [TOOLS], [CALL], [RESULT])
     with StandIn("by_query") as sidecar:
-        client = SidecarClient(sidecar.url, timeout=60, gate=WaveGate(PRIORS["split"]))
+        client = SidecarClient(sidecar.url, timeout=60, gate=WaveGate(SPLIT.prior))
         rows = AB.run_bench(model, tok, [dialogue], [0.1], speculator="sidecar", max_new_tokens=40, client=client,
                             progress=False)
     assert [r["variant"] for r in rows] == list(AB.VARIANTS) and all(r["exact"] for r in rows)

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ooospec import cli
-from ooospec.eval import harness, peers
+from ooospec.eval import bench_data, bench_methods, harness, hint_sources, peers, summaries
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
 from ooospec.runtime import hardware, methods
 from ooospec.runtime import sidecar_prompts as sp
@@ -78,8 +78,8 @@ def target():
 @pytest.fixture(scope="module")
 def results(target):
     model, tok = target
-    factories, notes = harness.build_methods(["ar", "pld", "toolspec", "hf-pld", "toolspec-fixed"], model, tok,
-                                           eos_token_ids=harness.eos_ids(model, tok), pld_tokens=5)
+    factories, notes = bench_methods.build_methods(["ar", "pld", "toolspec", "hf-pld", "toolspec-fixed"], model, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(model, tok), pld_tokens=5)
     assert notes == []
     return harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                            progress=False, roofline=ROOF)
@@ -218,14 +218,14 @@ def test_cli_with_all_defaults(tmp_path, target, fake_roofline, monkeypatch):
 
 def test_hf_assisted_without_draft_falls_back_and_says_so(target):
     model, tok = target
-    _, notes = harness.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=[258])
+    _, notes = bench_methods.build_methods(["ar", "hf-assisted"], model, tok, eos_token_ids=[258])
     assert len(notes) == 1 and "fell back to prompt lookup" in notes[0]
 
 
 def test_unknown_method_is_rejected(target):
     model, tok = target
     with pytest.raises(ValueError, match="unknown method.*'magic'"):
-        harness.build_methods(["ar", "magic"], model, tok, eos_token_ids=[258])
+        bench_methods.build_methods(["ar", "magic"], model, tok, eos_token_ids=[258])
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -234,12 +234,12 @@ def test_unknown_method_is_rejected(target):
 def test_load_examples_sorts_limits_and_names_bad_records(tmp_path):
     path = tmp_path / "r.jsonl"
     write_jsonl(path, toy_records())
-    assert [r["id"] for r in harness.load_examples(path, limit=2)] == ["toy/test/a", "toy/test/b"]
+    assert [r["id"] for r in bench_data.load_examples(path, limit=2)] == ["toy/test/a", "toy/test/b"]
     bad = toy_records()
     bad[1]["calls"] = [call("nope", {})]
     write_jsonl(path, bad)
     with pytest.raises(ValueError, match="toy/test/a.*call_unknown_tool"):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
 
 
 def test_load_examples_keeps_the_named_ids_then_a_seeded_sample_in_id_order(tmp_path):
@@ -250,17 +250,17 @@ def test_load_examples_keeps_the_named_ids_then_a_seeded_sample_in_id_order(tmp_
     ids = sorted(r["id"] for r in toy_records())
     keep = [i for i in ids if i != recs[1]["id"]]
     write_jsonl(rows, [{"id": f"{i}#0", "record_id": i} for i in keep])
-    assert harness.record_ids_of(rows) == set(keep)
-    assert [r["id"] for r in harness.load_examples(path, ids=set(keep))] == keep
-    one = harness.load_examples(path, ids=set(keep), sample=len(keep) - 1)
+    assert bench_data.record_ids_of(rows) == set(keep)
+    assert [r["id"] for r in bench_data.load_examples(path, ids=set(keep))] == keep
+    one = bench_data.load_examples(path, ids=set(keep), sample=len(keep) - 1)
     assert [r["id"] for r in one] == sorted(r["id"] for r in one) and len(one) == len(keep) - 1
-    assert one == harness.load_examples(path, ids=set(keep), sample=len(keep) - 1)     # seeded
-    assert [r["id"] for r in harness.load_examples(path, ids=set(keep), sample=99)] == keep
+    assert one == bench_data.load_examples(path, ids=set(keep), sample=len(keep) - 1)     # seeded
+    assert [r["id"] for r in bench_data.load_examples(path, ids=set(keep), sample=99)] == keep
     with pytest.raises(ValueError, match="--sample"):
-        harness.load_examples(path, ids=set(keep), sample=0)
+        bench_data.load_examples(path, ids=set(keep), sample=0)
     write_jsonl(rows, [{"id": "x#0"}])
     with pytest.raises(ValueError, match="record_id"):
-        harness.record_ids_of(rows)
+        bench_data.record_ids_of(rows)
 
 
 # ------------------------------------------------------------------------------------------ summary math
@@ -279,7 +279,7 @@ def test_summary_math_on_hand_made_rows():
         _row("z", "m", 4.0, 3.2, 19, 15, exact=False, exact_hf=False,
              mismatch={"position": 3, "margin": 0.1, "kind": "near_tie"}),
     ]
-    s = harness.summarize(rows)
+    s = summaries.summarize(rows)
     m = s["m"]
     assert m["n"] == 3
     assert m["mean_s"] == pytest.approx(6.5 / 3) and m["median_s"] == pytest.approx(2.0)
@@ -294,7 +294,7 @@ def test_summary_math_on_hand_made_rows():
 
 def test_summary_needs_baseline_rows():
     with pytest.raises(ValueError, match="no 'ar' rows"):
-        harness.summarize([_row("x", "m", 1.0, 0.5, 3, 3)])
+        summaries.summarize([_row("x", "m", 1.0, 0.5, 3, 3)])
 
 
 def test_mismatch_is_classified_with_ar_margins():
@@ -307,8 +307,8 @@ def test_mismatch_is_classified_with_ar_margins():
 
 
 def test_json_safe_replaces_non_finite():
-    assert harness.json_safe({"a": [math.nan, 1.0], "b": math.inf, "c": "x"}) == {"a": [None, 1.0], "b": None,
-                                                                              "c": "x"}
+    assert summaries.json_safe({"a": [math.nan, 1.0], "b": math.inf, "c": "x"}) == {"a": [None, 1.0], "b": None,
+                                                                                    "c": "x"}
 
 
 # ------------------------------------------------------------------------------------------ peers
@@ -334,8 +334,8 @@ def test_forward_counter_counts_and_restores(target):
 
 def test_ooospec_gold_hints_are_exact_used_and_reported(target):
     model, tok = target
-    factories, _ = harness.build_methods(["ar", "toolspec", "ooospec-gold"], model, tok,
-                                       eos_token_ids=harness.eos_ids(model, tok))
+    factories, _ = bench_methods.build_methods(["ar", "toolspec", "ooospec-gold"], model, tok,
+                                               eos_token_ids=bench_methods.eos_ids(model, tok))
     res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                           progress=False)
     gold = res["methods"]["ooospec-gold"]
@@ -368,8 +368,8 @@ def float64_bench(kind: str) -> tuple:
 def test_ooospec_oracle_and_gold_hints_change_no_token_on_float64_targets(kind):
     model, tok, records = float64_bench(kind)
     assert next(model.parameters()).dtype == torch.float64
-    factories, _ = harness.build_methods(["ar", "ooospec-oracle", "ooospec-gold"], model, tok,
-                                       eos_token_ids=harness.eos_ids(model, tok))
+    factories, _ = bench_methods.build_methods(["ar", "ooospec-oracle", "ooospec-gold"], model, tok,
+                                               eos_token_ids=bench_methods.eos_ids(model, tok))
     res = harness.run_bench(model, tok, records, factories, fmt=detect_format(tok), max_new_tokens=48,
                           progress=False)
     assert list(res["methods"]) == ["ar", "hf-greedy", "ooospec-oracle", "ooospec-gold"]
@@ -403,13 +403,13 @@ def test_the_oracle_bank_is_built_from_ar_calls_not_gold():
     model, tok, records = float64_bench("trained")
     rec = records[0]
     fmt = detect_format(tok)
-    factories, _ = harness.build_methods(["ar"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+    factories, _ = bench_methods.build_methods(["ar"], model, tok, eos_token_ids=bench_methods.eos_ids(model, tok))
     res = harness.run_bench(model, tok, [rec], factories, fmt=fmt, max_new_tokens=48, progress=False, warmup=0)
     ar_tokens = next(r["tokens"] for r in res["examples"] if r["method"] == "ar")
     written = fmt.parse_calls(tok.decode(ar_tokens, skip_special_tokens=False))
     assert written == [call("get_weather", {"city": "Paris"})] != rec["calls"]    # gold says Oslo
 
-    ctx = BenchContext(model, tok, fmt, harness.eos_ids(model, tok), 48, harness.make_stop(tok, fmt), record=rec)
+    ctx = BenchContext(model, tok, fmt, bench_methods.eos_ids(model, tok), 48, harness.make_stop(tok, fmt), record=rec)
     ctx.set_reference(rec["id"], ar_tokens)
     bank = OracleHints().start(ctx, 0.0)
     assert bank.views == HintBank.from_calls(written, fmt, tok).views
@@ -433,7 +433,7 @@ def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
     with pytest.raises(ValueError, match="have one for 'toy/test/b'"):
         OracleHints().start(ctx, 0.0)
     # a run where ar does not come first: refused at the oracle's first call, before anything is timed
-    factories, _ = harness.build_methods(["ar", "ooospec-oracle"], model, tok, eos_token_ids=[258])
+    factories, _ = bench_methods.build_methods(["ar", "ooospec-oracle"], model, tok, eos_token_ids=[258])
     reordered = {"ooospec-oracle": factories["ooospec-oracle"], "ar": factories["ar"]}
     with pytest.raises(ValueError, match="need the baseline 'ar' output"):
         harness.run_bench(model, tok, toy_records(), reordered, fmt=fmt, max_new_tokens=8, progress=False)
@@ -441,15 +441,16 @@ def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
 
 @pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
 def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
-    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
+    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.runtime.deployments import DEPLOYMENTS
     from ooospec.runtime.sidecar_client import SidecarClient
     from tests.runtime.sidecar_servers import StandIn
 
     model, tok = target
     with StandIn(mode) as server:
         hints = SidecarHints(SidecarClient(server.url, timeout=30.0), DEPLOYMENTS["shared"], 1)
-        factories, _ = harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
-                                           hints=hints)
+        factories, _ = bench_methods.build_methods(["ar", "ooospec"], model, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(model, tok), hints=hints)
         res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                               progress=False)
     oo = res["methods"]["ooospec"]
@@ -470,7 +471,7 @@ def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
 def test_ooospec_without_hint_source_is_refused(target):
     model, tok = target
     with pytest.raises(ValueError, match="needs a hint source"):
-        harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+        bench_methods.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=bench_methods.eos_ids(model, tok))
 
 
 def test_the_hint_flags_become_typed_hint_options():
@@ -484,20 +485,21 @@ def test_the_hint_flags_become_typed_hint_options():
     args = p.parse_args(["--target", "t", "--dataset", "d", "--hints", "gold", "--sidecar-deploy", "split",
                          "--sidecar-adapter", "a", "--dtype", "fp32"])
     options = bench.hint_options(args)
-    assert options == harness.HintOptions(source="gold", sidecar_adapter="a", sidecar_deploy="split", dtype="fp32")
-    proc, hints = harness.start_hints(options, bench_threads=1)   # gold: no server is started
+    assert options == hint_sources.HintOptions(source="gold", sidecar_adapter="a", sidecar_deploy="split", dtype="fp32")
+    proc, hints = hint_sources.start_hints(options, bench_threads=1)   # gold: no server is started
     assert proc is None and isinstance(hints, GoldHints)
     oracle = bench.hint_options(p.parse_args(["--target", "t", "--dataset", "d", "--hints", "oracle"]))
     assert oracle.source == "oracle"
-    proc, hints = harness.start_hints(oracle, bench_threads=1)    # oracle: no server either
+    proc, hints = hint_sources.start_hints(oracle, bench_threads=1)    # oracle: no server either
     assert proc is None and isinstance(hints, OracleHints) and hints.name == "oracle"
     with pytest.raises(ValueError, match="hint source 'psychic'"):
-        harness.HintOptions(source="psychic")
+        hint_sources.HintOptions(source="psychic")
     with pytest.raises(ValueError, match="deployment 'nowhere'"):
-        harness.HintOptions(sidecar_deploy="nowhere")
+        hint_sources.HintOptions(sidecar_deploy="nowhere")
     # a running sidecar (nothing is contacted until a request), with and without the wave gate
     for gate in (False, True):
-        proc, hints = harness.start_hints(harness.HintOptions(sidecar_url="http://127.0.0.1:9", sidecar_gate=gate), 1)
+        options = hint_sources.HintOptions(sidecar_url="http://127.0.0.1:9", sidecar_gate=gate)
+        proc, hints = hint_sources.start_hints(options, 1)
         assert proc is None and hints.name == "sidecar" and (hints.client.gate is not None) == gate
 
 
@@ -515,21 +517,22 @@ def fake_adapter(path):
 def test_the_sidecar_adapter_is_recorded_by_path_weights_hash_and_layout(tmp_path, monkeypatch):
     adapter = fake_adapter(tmp_path / "adapter")
     record = {"path": str(adapter.resolve()), "sha256": ABC_SHA256, "layout_version": 2}
-    assert harness.adapter_record(adapter) == record
-    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_adapter=str(adapter))) == {**record,
-                                                                                                "url": None}
+    assert hint_sources.adapter_record(adapter) == record
+    assert hint_sources.sidecar_adapter_record(hint_sources.HintOptions(sidecar_adapter=str(adapter))) == {**record,
+                                                                                                           "url": None}
     monkeypatch.setenv("OOOSPEC_SIDECAR_ADAPTER", str(adapter))      # the adapter start_hints would launch
-    assert harness.sidecar_adapter_record(harness.HintOptions()) == {**record, "url": None}
+    assert hint_sources.sidecar_adapter_record(hint_sources.HintOptions()) == {**record, "url": None}
     url = "http://127.0.0.1:9"
-    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_url=url)) == {
+    assert hint_sources.sidecar_adapter_record(hint_sources.HintOptions(sidecar_url=url)) == {
         "path": None, "sha256": None, "layout_version": None, "url": url}      # someone else's server: unknown
-    assert harness.sidecar_adapter_record(harness.HintOptions(sidecar_url=url, sidecar_adapter=str(adapter))) == {
-        **record, "url": url}
+    assert hint_sources.sidecar_adapter_record(
+        hint_sources.HintOptions(sidecar_url=url, sidecar_adapter=str(adapter))) == {**record, "url": url}
     for source in ("gold", "oracle"):                                           # no sidecar ran
-        assert harness.sidecar_adapter_record(harness.HintOptions(source=source, sidecar_adapter=str(adapter))) is None
+        options = hint_sources.HintOptions(source=source, sidecar_adapter=str(adapter))
+        assert hint_sources.sidecar_adapter_record(options) is None
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert harness.adapter_record(empty) == {"path": str(empty.resolve()), "sha256": None, "layout_version": None}
+    assert hint_sources.adapter_record(empty) == {"path": str(empty.resolve()), "sha256": None, "layout_version": None}
 
 
 def test_cli_bench_with_oracle_hints_and_with_a_sidecar_records_the_adapter(tmp_path, target, fake_roofline):
@@ -571,8 +574,8 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
     """--warm-tools: each method starts from the system + tools block (prefilled untimed); same tokens as cold."""
     model, tok = target
     fmt = detect_format(tok)
-    factories, _ = harness.build_methods(["ar", "pld", "toolspec"], model, tok,
-                                       eos_token_ids=harness.eos_ids(model, tok), pld_tokens=5)
+    factories, _ = bench_methods.build_methods(["ar", "pld", "toolspec"], model, tok,
+                                               eos_token_ids=bench_methods.eos_ids(model, tok), pld_tokens=5)
     warm = harness.run_bench(model, tok, toy_records(), factories, fmt=fmt, max_new_tokens=24, progress=False,
                            warm_tools=True)
     cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
@@ -587,10 +590,22 @@ def test_warm_tools_caches_the_block_for_every_method_and_changes_no_token(targe
     assert hf_first == [1, 1, 1]   # the HF prefill forward carried only the uncached tail (+ the first token)
 
 
+def test_warm_tools_refuses_the_methods_that_always_start_cold(target):
+    """transformers' prompt lookup cannot continue from a cached prefix: such a method has no warm hook."""
+    model, tok = target
+    factories, _ = bench_methods.build_methods(["hf-pld"], model, tok, eos_token_ids=bench_methods.eos_ids(model, tok),
+                                               pld_tokens=5)
+    assert factories["hf-pld"]().warm is None and factories["hf-greedy"]().warm is not None
+    with pytest.raises(ValueError, match=r"method\(s\) \['hf-pld'\] cannot start from a cached prefix"):
+        harness.run_bench(model, tok, toy_records()[:1], factories, fmt=detect_format(tok), max_new_tokens=4,
+                          progress=False, warm_tools=True, warmup=0)
+
+
 def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, results):
     """--warm-tools with a real sidecar server (tiny model, tools-first layout, block KV cache): each request's
     toolbox is prefilled untimed, so its wave starts from it; the target's tokens stay ar's."""
-    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints
+    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.runtime.deployments import DEPLOYMENTS
     from ooospec.runtime.serve.sidecar_app import create_app
     from ooospec.runtime.session import PrefixCache
     from ooospec.runtime.sidecar import Sidecar
@@ -603,8 +618,8 @@ def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, result
                       prefix_cache=PrefixCache(max_tokens=50_000))
     with running_app(create_app(sidecar)) as url:
         hints = SidecarHints(SidecarClient(url, max_tokens=6), DEPLOYMENTS["wave-first"], 1)
-        factories, _ = harness.build_methods(["ar", "ooospec"], model, tok, eos_token_ids=harness.eos_ids(model, tok),
-                                           hints=hints)
+        factories, _ = bench_methods.build_methods(["ar", "ooospec"], model, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(model, tok), hints=hints)
         res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
                                 progress=False, warm_tools=True, warmup=0)
     cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
@@ -643,8 +658,8 @@ def test_hf_peers_from_a_cached_prefix_are_exact_or_refuse():
 
 def test_warm_tools_refuses_a_method_without_a_cache_hook(target):
     model, tok = target
-    factories, _ = harness.build_methods(["ar", "hf-pld", "hf-assisted"], model, tok,
-                                       eos_token_ids=harness.eos_ids(model, tok), assistant=model)
+    factories, _ = bench_methods.build_methods(["ar", "hf-pld", "hf-assisted"], model, tok,
+                                               eos_token_ids=bench_methods.eos_ids(model, tok), assistant=model)
     with pytest.raises(ValueError, match=r"--warm-tools: method\(s\) \['hf-pld', 'hf-assisted'\]"):
         harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=8,
                         progress=False, warm_tools=True)
@@ -653,10 +668,10 @@ def test_warm_tools_refuses_a_method_without_a_cache_hook(target):
 def test_llamacpp_peers_need_a_gguf_and_hf_peers_need_hf(target):
     model, tok = target
     with pytest.raises(ValueError, match="need a GGUF target"):
-        harness.build_methods(["ar", "llama.cpp"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+        bench_methods.build_methods(["ar", "llama.cpp"], model, tok, eos_token_ids=bench_methods.eos_ids(model, tok))
 
     class FakeLlamaCppTarget:
         backend = "llama.cpp"
 
     with pytest.raises(ValueError, match="need --backend hf"):
-        harness.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")
+        bench_methods.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")

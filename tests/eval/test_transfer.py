@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from ooospec.eval import harness, transfer, transfer_cell
+from ooospec.eval import bench_methods, harness, hint_sources, transfer, transfer_cell, transfer_params
 from ooospec.pipelines.params import from_dict, load_section
 from ooospec.pipelines.records import write_jsonl
 from ooospec.runtime.formats import detect_format
@@ -35,11 +35,11 @@ def toy_benchmark(tmp_path_factory) -> Path:
     return path
 
 
-def params_for(target: Path, benchmark: Path, **kw) -> transfer.TransferParams:
+def params_for(target: Path, benchmark: Path, **kw) -> transfer_params.TransferParams:
     base = {"targets": (str(target),), "benchmarks": (str(benchmark),), "methods": METHODS, "limit": 2,
             "max_new_tokens": 16, "dtype": "fp32", "threads": 1, "roofline": False, "report_to": "none",
             "bootstrap_resamples": 200}
-    return transfer.TransferParams(**{**base, **kw})
+    return transfer_params.TransferParams(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,8 @@ def _cell_inputs(tiny_target, limit):
 
 def _measure(model, tok, fmt, fail_on: str | None = None):
     def measure(todo, on_example):
-        factories, _ = harness.build_methods(["toolspec"], model, tok, eos_token_ids=harness.eos_ids(model, tok))
+        factories, _ = bench_methods.build_methods(["toolspec"], model, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(model, tok))
         if fail_on is not None:
             inner = factories["toolspec"]
 
@@ -187,33 +188,34 @@ def test_other_settings_start_the_cell_over_and_a_larger_limit_extends_it(tiny_t
 
 def test_committed_params_section_loads_and_full_set_applies():
     path = Path(__file__).parents[2] / "params.yaml"
-    default = load_section(transfer.TransferParams, "transfer", path)
-    assert default == transfer.TransferParams()          # the dataclass defaults are params.yaml's matrix
+    default = load_section(transfer_params.TransferParams, "transfer", path)
+    assert default == transfer_params.TransferParams()   # the dataclass defaults are params.yaml's matrix
     raw = yaml.safe_load(path.read_text())["transfer"]
-    full = from_dict(transfer.TransferParams, {**raw, **transfer.FULL}, "transfer")
+    full = from_dict(transfer_params.TransferParams, {**raw, **transfer_params.FULL}, "transfer")
     assert len(full.targets) == 4 and len(full.benchmarks) == 6
     # the named params set is exactly the default section with FULL's keys replaced
-    assert transfer.load_params(path.parent / transfer.FULL_PARAMS) == full
+    assert transfer_params.load_params(path.parent / transfer_params.FULL_PARAMS) == full
     doc = " ".join(transfer.__doc__.replace("\\\n", " ").split())
-    assert transfer.full_command() in doc
+    assert transfer_params.full_command() in doc
     # the warm set is the full set with the toolbox cached, less hf-pld and hf-assisted (they cannot start from a
     # cached prefix)
-    warm = transfer.load_params(path.parent / transfer.WARM_PARAMS)
-    methods = tuple(m for m in full.methods if m not in transfer.COLD_ONLY)
-    assert set(transfer.COLD_ONLY) <= set(full.methods) and len(methods) == len(full.methods) - 2
+    warm = transfer_params.load_params(path.parent / transfer_params.WARM_PARAMS)
+    cold_only = {"hf-pld", "hf-assisted"}
+    methods = tuple(m for m in full.methods if m not in cold_only)
+    assert cold_only <= set(full.methods) and len(methods) == len(full.methods) - 2
     assert warm == dataclasses.replace(full, warm_tools=True, methods=methods)
     assert not full.warm_tools and full.sidecar_gate
-    header = " ".join((path.parent / transfer.WARM_PARAMS).read_text().replace("\\\n#", " ").split())
-    assert transfer.named_command(transfer.WARM_PARAMS) in header
+    header = " ".join((path.parent / transfer_params.WARM_PARAMS).read_text().replace("\\\n#", " ").split())
+    assert transfer_params.named_command(transfer_params.WARM_PARAMS) in header
 
 
 def test_gate_and_warm_toolbox_reach_the_harness(monkeypatch):
     """``sidecar_gate`` and ``warm_tools`` go to the sidecar's hint options, every cell's measurement and the key."""
     seen = {}
-    monkeypatch.setattr(harness, "start_hints", lambda options, threads: seen.setdefault("options", options)
+    monkeypatch.setattr(hint_sources, "start_hints", lambda options, threads: seen.setdefault("options", options)
                         and (None, "hints"))
     monkeypatch.setattr(harness, "run_bench", lambda *a, **kw: seen.setdefault("run_bench", kw))
-    params = transfer.TransferParams(sidecar_gate=True, warm_tools=True)
+    params = transfer_params.TransferParams(sidecar_gate=True, warm_tools=True)
     assert transfer.SidecarServer(params, bench_threads=2).hints == "hints"
     assert seen["options"].sidecar_gate and seen["options"].warm_tools
     loaded = transfer.LoadedTarget(None, None, None, {}, {"roofline": None}, {})
@@ -227,16 +229,16 @@ def test_gate_and_warm_toolbox_reach_the_harness(monkeypatch):
 
 
 def test_regenerate_command_names_only_what_differs():
-    assert transfer.regenerate_command(transfer.TransferParams()) == "dvc repro transfer"
-    p = dataclasses.replace(transfer.TransferParams(), limit=3, resume=False)
-    assert transfer.regenerate_command(p) == "dvc exp run transfer -S transfer.limit=3 -S transfer.resume=false"
+    assert transfer_params.regenerate_command(transfer_params.TransferParams()) == "dvc repro transfer"
+    p = dataclasses.replace(transfer_params.TransferParams(), limit=3, resume=False)
+    assert transfer_params.regenerate_command(p) == "dvc exp run transfer -S transfer.limit=3 -S transfer.resume=false"
 
 
 @pytest.mark.parametrize("bad, match", [({"methods": ["nope"]}, "unknown"), ({"limit": 0}, "limit"),
                                         ({"colour": 1}, "unknown key"), ({"assistants": {"a": 1}}, "assistants")])
 def test_bad_params_are_errors(bad, match):
     with pytest.raises(ValueError, match=match):
-        from_dict(transfer.TransferParams, bad, "transfer")
+        from_dict(transfer_params.TransferParams, bad, "transfer")
 
 
 def test_ooospec_without_an_adapter_says_what_to_do(tiny_target, toy_benchmark, tmp_path):
@@ -267,6 +269,6 @@ def test_a_warm_toolbox_leaves_the_hf_drafting_peers_out_and_the_named_sets_load
     assert methods == ["ar", "hf-greedy", "toolspec"]
     assert [n.split()[0] for n in notes] == ["hf-pld", "hf-assisted"] and all("cached prefix" in n for n in notes)
     root = Path(__file__).resolve().parents[2]
-    for name, folder in transfer.NAMED_SETS.items():       # every named set loads and names its folders
-        p = transfer.load_params(root / name)
-        assert p.warm_tools == (folder == "warm") and f"data/transfer-{folder} " in transfer.named_command(name)
+    for name, folder in transfer_params.NAMED_SETS.items():       # every named set loads and names its folders
+        p = transfer_params.load_params(root / name)
+        assert p.warm_tools == (folder == "warm") and f"data/transfer-{folder} " in transfer_params.named_command(name)

@@ -8,12 +8,14 @@ The fixture (``tests/fixtures/transfer_results.json``) is a real smoke run of th
 from __future__ import annotations
 
 import copy
+import html
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from ooospec.eval import transfer_html, transfer_notes, transfer_tables
 from ooospec.eval import transfer_report as R
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "transfer_results.json"
@@ -155,17 +157,17 @@ def test_cell_tables_equal_the_json(results, md):
 
 
 def test_html_shows_the_same_tables_and_is_self_contained(results):
-    page = R.html_page(results, {"speedup": "<svg></svg>"})
-    for table in R.tables(results):
+    page = transfer_html.html_page(results, {"speedup": "<svg></svg>"})
+    for table in transfer_tables.tables(results):
         for row in table.rows:
             for cell in row:
-                assert f">{R.html.escape(cell.text)}</td>" in page
+                assert f">{html.escape(cell.text)}</td>" in page
     assert "<script" not in page and "http://" not in page and "https://" not in page
     assert "<svg></svg>" in page
 
 
 def test_honest_notes_come_from_the_numbers(results):
-    notes = {t: (verdict, reasons) for t, verdict, reasons in R.transfer_notes(results)}
+    notes = {t: (verdict, reasons) for t, verdict, reasons in transfer_notes.transfer_notes(results)}
     s = results["targets"]["smollm2-135m"]["summary"]
     verdict, reasons = notes["smollm2-135m"]
     assert verdict.startswith("Hints help little") and f"{s['ooospec_gain']:.2f}x over toolspec" in verdict
@@ -176,13 +178,13 @@ def test_honest_notes_come_from_the_numbers(results):
 
     better = copy.deepcopy(results)
     better["targets"]["smollm2-135m"]["summary"]["ooospec_gain"] = 1.5
-    verdict, reasons = {t: (v, r) for t, v, r in R.transfer_notes(better)}["smollm2-135m"]
+    verdict, reasons = {t: (v, r) for t, v, r in transfer_notes.transfer_notes(better)}["smollm2-135m"]
     assert verdict.startswith("Hints help:") and "1.50x over toolspec" in verdict
 
     gated = copy.deepcopy(results)       # a gate that skipped every wave: no "seldom arrive", the gate says why
     h = gated["targets"]["smollm2-135m"]["summary"]["hints"]
     h.update(ready_before_end=0.0, wave_decisions={"skip": h["n"], "index": 0, "slots": 0})
-    reasons = {t: r for t, _, r in R.transfer_notes(gated)}["smollm2-135m"]
+    reasons = {t: r for t, _, r in transfer_notes.transfer_notes(gated)}["smollm2-135m"]
     assert any(r.startswith(f"the wave gate skipped {h['n']} of {h['n']} waves") for r in reasons)
     assert not any(r.startswith("hints seldom arrive") for r in reasons)
 
@@ -216,7 +218,7 @@ def test_wandb_run_logs_the_report_tables(results, tmp_path, monkeypatch):
     monkeypatch.setattr(wandb, "init", spy_init)
     R.write_reports(results, tmp_path)
     transfer.log_wandb(results, tmp_path / "wandb", tmp_path)
-    for table in R.tables(results):
+    for table in transfer_tables.tables(results):
         assert logged[f"transfer/{table.slug}"].columns == table.headers
     assert "transfer/report" in logged and "transfer/speedup_plot" in logged
 
@@ -227,11 +229,11 @@ def test_regenerate_commands_name_the_run_and_its_own_report_folder(results):
                                "metrics/transfer-full.json --params eval/transfer_full.yaml"}
     md = R.markdown(default)
     assert "Regenerate: `dvc repro transfer`; the full matrix: `python -m ooospec.eval.transfer" in md
-    assert "ooospec transfer-report eval/reports/transfer/transfer.json" in R.html_page(default, {})
+    assert "ooospec transfer-report eval/reports/transfer/transfer.json" in transfer_html.html_page(default, {})
     full = {**default, "command": default["full_command"]}
     md = R.markdown(full)
     assert md.count(full["full_command"]) == 1 and "Regenerate (this is the full matrix)" in md
-    page = R.html_page(full, {})
+    page = transfer_html.html_page(full, {})
     assert page.count(full["full_command"]) == 1
     rebuild = "ooospec transfer-report eval/reports/transfer-full/transfer.json --out-dir eval/reports/transfer-full"
     assert rebuild in page

@@ -8,38 +8,38 @@ import json
 
 import pytest
 
+from ooospec.eval import bench_data, vllm_report, vllm_runs
 from ooospec.eval import vllm_bench as vb
-from ooospec.eval import vllm_report
 
 
 def test_each_method_gets_its_speculative_config():
-    assert vb.speculative_config("vllm", 16, 8) is None
-    assert vb.speculative_config("vllm-ngram", 16, 8)["method"] == "ngram"
-    assert vb.speculative_config("vllm-ngram", 16, 8)["num_speculative_tokens"] == 8
-    ours = vb.speculative_config("toolspec", 16, 8)
-    assert ours == {"method": "custom_class", "model": vb.PROPOSER, "num_speculative_tokens": 16}
-    assert vb.ooospec_options("toolspec", None, 0.02)["method"] == "toolspec"
-    assert vb.ooospec_options("ooospec-oracle", "http://x:1", 0.0)["method"] == "ooospec"
-    assert "sidecar_url" not in vb.ooospec_options("ooospec-oracle", "http://x:1", 0.0)
-    assert vb.ooospec_options("ooospec", "http://x:1", 0.0)["sidecar_url"] == "http://x:1"
+    assert vllm_runs.speculative_config("vllm", 16, 8) is None
+    assert vllm_runs.speculative_config("vllm-ngram", 16, 8)["method"] == "ngram"
+    assert vllm_runs.speculative_config("vllm-ngram", 16, 8)["num_speculative_tokens"] == 8
+    ours = vllm_runs.speculative_config("toolspec", 16, 8)
+    assert ours == {"method": "custom_class", "model": vllm_runs.PROPOSER, "num_speculative_tokens": 16}
+    assert vllm_runs.ooospec_options("toolspec", None, 0.02)["method"] == "toolspec"
+    assert vllm_runs.ooospec_options("ooospec-oracle", "http://x:1", 0.0)["method"] == "ooospec"
+    assert "sidecar_url" not in vllm_runs.ooospec_options("ooospec-oracle", "http://x:1", 0.0)
+    assert vllm_runs.ooospec_options("ooospec", "http://x:1", 0.0)["sidecar_url"] == "http://x:1"
 
 
 def test_the_proposer_class_path_resolves():
     import importlib
 
-    module, name = vb.PROPOSER.rsplit(".", 1)
+    module, name = vllm_runs.PROPOSER.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name).__name__ == name
 
 
 def test_request_xargs_carry_tools_and_the_oracles_hint():
     record = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f"}}],
               "messages": [{"role": "user", "content": "hi"}]}
-    assert vb.request_xargs("vllm", record, None) == {}
-    x = vb.request_xargs("toolspec", record, None)
+    assert vllm_runs.request_xargs("vllm", record, None) == {}
+    x = vllm_runs.request_xargs("toolspec", record, None)
     assert json.loads(x["ooospec_tools"]) == record["tools"] and "ooospec_hint" not in x
-    assert vb.request_xargs("ooospec-oracle", record, "<tool_call>")["ooospec_hint"] == "<tool_call>"
+    assert vllm_runs.request_xargs("ooospec-oracle", record, "<tool_call>")["ooospec_hint"] == "<tool_call>"
     with pytest.raises(ValueError, match="needs the 'vllm' output"):
-        vb.request_xargs("ooospec-oracle", record, None)
+        vllm_runs.request_xargs("ooospec-oracle", record, None)
 
 
 def _row(rid, method, tokens, time_s=1.0, accepted=0, drafts=0, **kw):
@@ -95,7 +95,7 @@ def test_results_join_llamacpp_and_render(tmp_path):
     assert res["methods"]["toolspec"]["speedup"] == pytest.approx(4.0)
     assert res["methods"]["toolspec"]["vs_llamacpp"] == pytest.approx(2.0)
     assert res["methods"]["llama.cpp"]["mean_s"] == pytest.approx(2.0)
-    table = vb.render_table(res)
+    table = vllm_report.render_table(res)
     assert "| toolspec | 1 |" in table and "2.00x" in table
     with pytest.raises(SystemExit, match="no llama.cpp row"):
         vb.llamacpp_rows(tmp_path / "l.json", ["a", "b"])
@@ -132,19 +132,20 @@ def test_a_reference_without_margins_leaves_mismatches_unclassified():
 
 def test_prefill_rows_give_decode_speedups_and_are_no_method_row(tmp_path):
     """``vllm-prefill`` (one new token on the plain engine) times the prompt's forward: decode speedups leave it out."""
-    assert vb.speculative_config(vb.PREFILL, 16, 8) is None
+    assert vllm_runs.speculative_config("vllm-prefill", 16, 8) is None
     args = argparse.Namespace(target="t", dataset="d", threads=2, dtype="bfloat16", k=16, ngram_k=8,
                               max_model_len=4096, max_new_tokens=64, chain_cost_slope=0.02)
     rows = {"vllm": [_row("a", "vllm", [1, 2, 3], time_s=4.0), _row("b", "vllm", [1, 2], time_s=6.0)],
             "toolspec": [_row("a", "toolspec", [1, 2, 3], time_s=2.0, accepted=2, drafts=1),
                          _row("b", "toolspec", [1, 2], time_s=2.0, accepted=1, drafts=1)],
-            vb.PREFILL: [_row("a", vb.PREFILL, [1], time_s=1.0), _row("b", vb.PREFILL, [1], time_s=2.0)]}
+            "vllm-prefill": [_row("a", "vllm-prefill", [1], time_s=1.0), _row("b", "vllm-prefill", [1], time_s=2.0)]}
     ref = {r["record_id"]: r for r in rows["vllm"]}
     vb.compare(rows["vllm"], ref, 0.25)
     vb.compare(rows["toolspec"], ref, 0.25)
-    res = vb.build_results(args, ["vllm", "toolspec", vb.PREFILL], rows, {}, "hermes")
+    res = vb.build_results(args, ["vllm", "toolspec", "vllm-prefill"], rows, {}, "hermes")
     m = res["methods"]
-    assert m[vb.PREFILL]["mean_s"] == pytest.approx(1.5) and m[vb.PREFILL]["share_of_reference"] == pytest.approx(0.3)
+    prefill = m["vllm-prefill"]
+    assert prefill["mean_s"] == pytest.approx(1.5) and prefill["share_of_reference"] == pytest.approx(0.3)
     assert m["toolspec"]["speedup"] == pytest.approx(2.5)
     assert m["toolspec"]["decode_speedup"] == pytest.approx((5.0 - 1.5) / (2.0 - 1.5))
     assert m["vllm"]["decode_speedup"] == pytest.approx(1.0)
@@ -173,12 +174,12 @@ def test_warm_tools_caches_the_toolbox_block_only(tmp_path):
             for q in ("alpha", "beta")]
     prompts = [tok(fmt.render_prompt(tok, r["messages"], r["tools"]), add_special_tokens=False)["input_ids"]
                for r in recs]
-    blocks = vb.toolbox_blocks(recs, prompts, tok, fmt)
+    blocks = bench_data.toolbox_blocks(recs, prompts, tok, fmt)
     assert blocks[0] == blocks[1] and 0 < blocks[0] < min(map(len, prompts))
     assert prompts[0][:blocks[0]] == prompts[1][:blocks[1]]          # the shared system block, not the question
     args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
                               chain_cost_slope=0.02, sidecar_url=None, warm_tools=True)
-    assert vb.engine_kwargs(args, "toolspec")["enable_prefix_caching"] is True
+    assert vllm_runs.engine_kwargs(args, "toolspec")["enable_prefix_caching"] is True
     args.warm_tools = False
-    assert vb.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
+    assert vllm_runs.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
     assert vllm_report.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"

@@ -10,6 +10,7 @@ import pytest
 
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import apibank as A
+from ooospec.pipelines.sources import apibank_text as AT
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "apibank" / "raw"
 
@@ -76,14 +77,14 @@ def test_module_constants():
 # ---------------------------------------------------------------- gold call text (§7.1)
 
 def test_call_parses_with_ast():
-    (c,) = A.parse_request("API-Request: [ModifyRegistration(appointment_id='34567890', "
+    (c,) = AT.parse_request("API-Request: [ModifyRegistration(appointment_id='34567890', "
                            "new_appointment_date='2023-03-26')]")
     assert (c.name, c.arguments, c.recovered) == (
         "ModifyRegistration", {"appointment_id": "34567890", "new_appointment_date": "2023-03-26"}, None)
 
 
 def test_nested_quotes_use_fallback_split_and_coerce_to_array(by_id):
-    (c,) = A.parse_request("API-Request: [AddMeeting(token='a9', attendees='['John', 'Mary']')]")
+    (c,) = AT.parse_request("API-Request: [AddMeeting(token='a9', attendees='['John', 'Mary']')]")
     assert c.recovered == "split_args" and c.arguments == {"token": "a9", "attendees": "['John', 'Mary']"}
     rec = by_id["apibank/test-l1/RecordHealthData-level-1-1.jsonl#0"]
     assert rec["meta"]["recovered"] == ["split_args"]
@@ -93,22 +94,22 @@ def test_nested_quotes_use_fallback_split_and_coerce_to_array(by_id):
 
 
 def test_unquoted_values():
-    (c,) = A.parse_request("API-Request: [GetSurgeryCost(surgery=heart transplant, location=Los Angeles)]")
+    (c,) = AT.parse_request("API-Request: [GetSurgeryCost(surgery=heart transplant, location=Los Angeles)]")
     assert c.arguments == {"surgery": "heart transplant", "location": "Los Angeles"}
     assert c.recovered == "unquoted_value"
-    (c,) = A.parse_request("API-Request: [X(location=California, n=3)]")
+    (c,) = AT.parse_request("API-Request: [X(location=California, n=3)]")
     assert c.arguments == {"location": "California", "n": 3}
 
 
 def test_missing_brackets(by_id):
-    (c,) = A.parse_request("API-Request: OperatingHoursTool(pharmacy_name='PharmaHealth')")
+    (c,) = AT.parse_request("API-Request: OperatingHoursTool(pharmacy_name='PharmaHealth')")
     assert c.arguments == {"pharmacy_name": "PharmaHealth"} and c.recovered == "no_brackets"
     recs = [r for r in by_id.values() if "no_brackets" in r.get("meta", {}).get("recovered", [])]
     assert recs and all(r["split"] == "train-l3" for r in recs)
 
 
 def test_several_calls_in_one_bracket(by_id):
-    calls = A.parse_request("API-Request: [RatioCalculator(value1=80, value2=600), "
+    calls = AT.parse_request("API-Request: [RatioCalculator(value1=80, value2=600), "
                             "RatioCalculator(value1=1, value2=2)]")
     assert [c.arguments for c in calls] == [{"value1": 80, "value2": 600}, {"value1": 1, "value2": 2}]
     multi = [r for r in by_id.values() if len(r["calls"]) > 1]
@@ -130,15 +131,15 @@ def test_unparseable_gold_is_rejected_with_file_and_record(tmp_path):
 # ---------------------------------------------------------------- results and schemas (§7.3, §7.4)
 
 def test_python_repr_results():
-    assert A.parse_result(" {'a': None, 'b': (1, 2), 'c': True}") == {"a": None, "b": (1, 2), "c": True}
-    assert A.result_content(A.parse_result("{'a': None, 'b': (1, 2)}")) == '{"a":null,"b":[1,2]}'
-    assert A.parse_result("success") == "success"
+    assert AT.parse_result(" {'a': None, 'b': (1, 2), 'c': True}") == {"a": None, "b": (1, 2), "c": True}
+    assert AT.result_content(AT.parse_result("{'a': None, 'b': (1, 2)}")) == '{"a":null,"b":[1,2]}'
+    assert AT.parse_result("success") == "success"
     wrapped = "{'api_name': 'Q', 'input': {'x': 1}, 'output': {'k': 'v'}, 'exception': None}"
-    assert A.parse_result(wrapped) == {"k": "v"}  # level-3 / samples wrapper unwrapped to its output
+    assert AT.parse_result(wrapped) == {"k": "v"}  # level-3 / samples wrapper unwrapped to its output
 
 
 def test_lenient_literal_repairs_toolsearcher_results(by_id):
-    assert A.lenient_literal("{'type': str, 'description': 'The user's budget.'}") == {
+    assert AT.lenient_literal("{'type': str, 'description': 'The user's budget.'}") == {
         "type": "str", "description": "The user's budget."}
     # both repairs are needed in lv3-api-train: the retrieved API must become a tool
     names = {n for r in by_id.values() if r["split"] == "train-l3" for n in _tool_names(r)}
@@ -146,11 +147,11 @@ def test_lenient_literal_repairs_toolsearcher_results(by_id):
 
 
 def test_three_schema_spellings():
-    l12 = A.spec_from_dict({"name": "Q", "description": "d", "input_parameters": {"n": {"type": "int"}}})
-    l3 = A.spec_from_dict({"apiCode": "ToolSearcher", "description": "d",
+    l12 = AT.spec_from_dict({"name": "Q", "description": "d", "input_parameters": {"n": {"type": "int"}}})
+    l3 = AT.spec_from_dict({"apiCode": "ToolSearcher", "description": "d",
                            "parameters": {"keywords": {"type": "str", "description": "kw"}}})
     csv_info = "description = \"Get token.\"\ninput_parameters = {\n    'username': {'type': 'str'}\n}\n"
-    csv_spec = A.spec_from_api_info("GetUserToken", csv_info)
+    csv_spec = AT.spec_from_api_info("GetUserToken", csv_info)
     assert l12.parameters["properties"] == {"n": {"type": "integer"}}
     assert l3.name == "ToolSearcher"
     assert l3.parameters["properties"]["keywords"] == {"type": "string", "description": "kw"}
@@ -163,36 +164,6 @@ def test_three_schema_spellings():
 def test_catalogue_reads_all_apis_csv():
     cat = A.load_catalogue(ROOT)
     assert {"RegisterUser", "ForgotPassword", "DeleteAccount", "GetUserToken", "ToolSearcher"} <= set(cat)
-
-
-@pytest.mark.parametrize("type_str, schema", [
-    ("str", {"type": "string"}), ("int", {"type": "integer"}), ("float", {"type": "number"}),
-    ("bool", {"type": "boolean"}), ("dict", {"type": "object"}), ("json", {"type": "object"}),
-    ("list", {"type": "array"}), ("datetime", {"type": "string"}), ("date", {"type": "string"}),
-    ("list(str)", {"type": "array", "items": {"type": "string"}}),
-    ("List[str]", {"type": "array", "items": {"type": "string"}}),
-    ("Union[List[dict], dict]",
-     {"anyOf": [{"type": "array", "items": {"type": "object"}}, {"type": "object"}]}),
-    ("Union[str, whatever]", {}), ("mystery", {}), (None, {}),
-])
-def test_type_strings_to_json_schema(type_str, schema):
-    assert A.type_to_schema(type_str) == schema
-
-
-@pytest.mark.parametrize("value, schema, expected, note", [
-    ("5", {"type": "integer"}, 5, "str->integer"),
-    ("05", {"type": "integer"}, "05", None),                   # not lossless: left for validation to judge
-    ("74.0060", {"type": "number"}, 74.006, "str->number"),
-    ("12", {"type": "number"}, 12, "str->number"),
-    ("True", {"type": "boolean"}, True, "str->boolean"),
-    ("['a', 'b']", {"type": "array"}, ["a", "b"], "str->array"),
-    ("{'k': (1, 2)}", {"type": "object"}, {"k": [1, 2]}, "str->object"),
-    (80, {"type": "string"}, "80", "integer->string"),
-    ("abc", {"type": "integer"}, "abc", None),
-    ("x", {}, "x", None),
-])
-def test_coerce_value(value, schema, expected, note):
-    assert A.coerce_value(value, schema) == (expected, note)
 
 
 # ---------------------------------------------------------------- dialogues

@@ -1,4 +1,4 @@
-"""ToolRL SFT parser (+ the shared Python-type translation): one test per quirk (datasets README §9.5), on real
+"""ToolRL SFT parser: one test per quirk (datasets README §9.5), on real
 excerpts in tests/fixtures/toolrl.
 
 Fixture (index in the fixture file <- index in the real rlla_sft.json):
@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from ooospec.pipelines import records as R
-from ooospec.pipelines.sources import pytypes as P
 from ooospec.pipelines.sources import toolrl as T
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "toolrl"
@@ -76,29 +75,6 @@ def test_tool_list_parsed_in_order_with_types(by_id):
                                         "default": "en"}
     assert ev["properties"]["evt"]["type"] == "number" and "default" not in ev["properties"]["evt"]
     assert all("required" not in t["function"]["parameters"] for r in by_id.values() for t in r["tools"])
-
-
-def test_python_type_strings_to_json_schema():
-    assert P.type_schema("str") == {"type": "string"}
-    assert P.type_schema("str, optional") == {"type": "string"} and P.is_optional("int, optional")
-    assert P.type_schema("List[str]") == {"type": "array", "items": {"type": "string"}}
-    assert P.type_schema("List[List[float]]") == {"type": "array", "items": {"type": "array",
-                                                                             "items": {"type": "number"}}}
-    assert P.type_schema("List[Union[int, float]]") == {"type": "array", "items": {"type": "number"}}
-    assert P.type_schema("Tuple[float, float]") == {"type": "array", "minItems": 2, "maxItems": 2,
-                                                    "items": {"type": "number"}}
-    assert P.type_schema("Dict") == {"type": "object"} and P.type_schema("List") == {"type": "array"}
-    assert P.type_schema(["string", "null"]) == {"type": ["string", "null"]}
-    assert P.type_schema("Callable[[float], float]") == {} and P.type_schema(None) == {}
-
-
-def test_coercion_of_gold_values():
-    assert P.coerce_value("63", {"type": "integer"}) == (63, True)
-    assert P.coerce_value("19.0", {"type": "number"}) == (19.0, True)
-    assert P.coerce_value(0.92, {"type": "string"}) == ("0.92", True)
-    assert P.coerce_value("API_call_0", {"type": "integer"}) == ("API_call_0", False)
-    assert P.coerce_value("1.5", {"type": "integer"}) == ("1.5", False)
-    assert P.coerce_value([1], {"type": "number"}) == ([1], False)
 
 
 # ---------------------------------------------------------------- gold calls (quirk 1)

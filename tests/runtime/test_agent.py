@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from ooospec.runtime.agent import ReadyGuess, run_agent
+from ooospec.runtime.agent import run_agent
 from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.hints import HintBank
 from ooospec.runtime.session import PrefixCache, SessionStore
 from ooospec.runtime.tools import SpeculativeTools, ToolRegistry
 from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
@@ -38,7 +39,7 @@ def _join_tool_runs() -> None:
 def _guess(call):
     def guess(messages, tools, turn):
         tok = trained_chat_model()[1]
-        return ReadyGuess(call, _chat(False).fmt, tok) if turn == 0 else None
+        return HintBank.from_calls([call], _chat(False).fmt, tok) if turn == 0 else None
     return guess
 
 
@@ -87,7 +88,6 @@ def test_a_wrong_guess_costs_a_wasted_run_and_a_real_call():
 def test_a_sidecar_guess_drafts_and_speculates():
     """Method ooospec with a (stand-in) sidecar: the wave's joined call drafts tokens and runs the tool early;
     the output is the same as without it."""
-    from ooospec.runtime.agent import SidecarGuess
     from ooospec.runtime.sidecar_client import SidecarClient
     from tests.runtime.sidecar_servers import StandIn
 
@@ -99,7 +99,7 @@ def test_a_sidecar_guess_drafts_and_speculates():
         def guess(messages, tools, turn):
             req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer)
             assert req.wait(60) is not None  # ready before the turn starts, however loaded the machine (no race)
-            return SidecarGuess(req)
+            return req
 
         run = run_agent(chat, USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess)
     assert [s.text for s in run.steps] == [_chat(False).complete(USER, TOOLS, max_new_tokens=40).text, ANSWER]
@@ -111,14 +111,14 @@ def test_a_sidecar_guess_drafts_and_speculates():
 
 def test_the_wave_gate_hears_each_turn_and_its_tool():
     """With a gated client and method toolspec (the guess only runs tools), the loop still reports every turn to the
-    gate (``turn_done``) and tells it how the tool went (``tool_done``): latency and hit; each step keeps the
+    gate (``report``) and tells it how the tool went (``observe_tool``): latency and hit; each step keeps the
     gate's decision. The output is the same as without the sidecar."""
-    from ooospec.runtime.agent import SidecarGuess
+    from ooospec.runtime.deployments import SPLIT
     from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.wave_gate import PRIORS, WaveGate, tools_key
+    from ooospec.runtime.wave_gate import WaveGate, tools_key
     from tests.runtime.sidecar_servers import StandIn
 
-    prior = PRIORS["split"]                                          # sends: the stand-in answers the wave
+    prior = SPLIT.prior                                              # sends: the stand-in answers the wave
     with StandIn("by_query") as sidecar:
         gate = WaveGate(prior)
         client = SidecarClient(sidecar.url, timeout=60, gate=gate)
@@ -128,7 +128,7 @@ def test_the_wave_gate_hears_each_turn_and_its_tool():
         def guess(messages, tools, turn):
             req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer)
             assert req.wait(60) is not None
-            return SidecarGuess(req)
+            return req
 
         run = run_agent(chat, USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess)
     _join_tool_runs()
@@ -137,7 +137,7 @@ def test_the_wave_gate_hears_each_turn_and_its_tool():
     assert [s.wave["decision"] for s in run.steps] == ["slots", "index"] and run.steps[0].hit
     est = gate.estimates(tools_key(TOOLS))
     assert est.tool_s > 0.0 and est.hit_rate == pytest.approx((1 + 4 * prior.hit_rate) / 5)   # one tool, a hit
-    assert est.call_tokens != prior.call_tokens                      # turn_done reported both waves
+    assert est.call_tokens != prior.call_tokens                      # report reached the gate for both waves
     assert gate.num_requests == 2 and len(impl.calls) == 1           # the hit served the one call
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ooospec.runtime import cost_model
-from ooospec.runtime.cost_model import ForwardCost, footprint
+from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.kv_cache import HFTarget
 
 
 def test_docstring_example():
@@ -39,7 +40,7 @@ def test_linear_curve():
 
 
 def test_measured_on_a_tiny_model(make_model):
-    cost = cost_model.measure_forward_cost(make_model("qwen2"), sizes=(1, 2, 8), context=32, repeats=2)
+    cost = cost_model.measure_forward_cost(HFTarget(make_model("qwen2")), sizes=(1, 2, 8), context=32, repeats=2)
     assert cost.sizes == (1, 2, 8) and all(t > 0 for t in cost.times)
     assert list(cost.times) == sorted(cost.times)
     assert "dtype=torch.float64" in cost.key and "threads=1" in cost.key and "context=32" in cost.key
@@ -53,45 +54,45 @@ def counted(monkeypatch, tmp_path):
     calls = []
     real = cost_model.measure_forward_cost
 
-    def measure(model, **kw):
-        calls.append(cost_model.calibration_key(model))
-        return real(model, sizes=(1, 4), context=16, repeats=1)
+    def measure(target, **kw):
+        calls.append(cost_model.calibration_key(target))
+        return real(target, sizes=(1, 4), context=16, repeats=1)
 
     monkeypatch.setattr(cost_model, "measure_forward_cost", measure)
     return calls
 
 
 def test_calibration_is_cached_and_invalidated_by_threads_and_dtype(make_model, counted, tmp_path, monkeypatch):
-    model = make_model("llama")
-    first = cost_model.forward_cost(model)
+    target = HFTarget(make_model("llama"))
+    first = cost_model.forward_cost(target)
     assert len(counted) == 1
-    assert cost_model.forward_cost(model) is first                      # memo
+    assert cost_model.forward_cost(target) is first                      # memo
     monkeypatch.setattr(cost_model, "_MEMO", {})
-    from_disk = cost_model.forward_cost(model)
+    from_disk = cost_model.forward_cost(target)
     assert len(counted) == 1 and from_disk.times == pytest.approx(first.times, rel=1e-3)   # disk
     on_disk = json.loads((tmp_path / "forward_cost.json").read_text())
     assert list(on_disk) == counted
 
     torch.set_num_threads(2)
     try:
-        cost_model.forward_cost(model)
+        cost_model.forward_cost(target)
     finally:
         torch.set_num_threads(1)
     assert len(counted) == 2 and "threads=2" in counted[-1]              # threads changed: measured again
 
-    cost_model.forward_cost(make_model("llama", torch.float32))
+    cost_model.forward_cost(HFTarget(make_model("llama", torch.float32)))
     assert len(counted) == 3 and "dtype=torch.float32" in counted[-1]    # dtype changed: measured again
 
-    cost_model.forward_cost(make_model("llama", num_hidden_layers=3))
+    cost_model.forward_cost(HFTarget(make_model("llama", num_hidden_layers=3)))
     assert len(counted) == 4                                             # another model: measured again
-    cost_model.forward_cost(model)
+    cost_model.forward_cost(target)
     assert len(counted) == 4                                             # back to the first: cached
     assert len(json.loads((tmp_path / "forward_cost.json").read_text())) == 4
 
 
 def test_footprint_counts(make_model):
     model = make_model("qwen2", torch.float32)        # vocab 300, hidden 32, 2 layers, 4 heads x 8, 2 kv heads
-    fp = footprint(model)
+    fp = HFTarget(model).footprint()
     tied = model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     matrices = sum(p.numel() for p in {p.data_ptr(): p for p in model.parameters()}.values() if p.dim() >= 2)
     assert fp.head_params == 300 * 32

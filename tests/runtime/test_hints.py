@@ -88,7 +88,10 @@ def test_views_are_tokenized_by_the_target_and_deduplicated():
     bank = HintBank.from_calls([CALL, {"name": "get_time", "arguments": {}}], plain_json, tok)
     assert set(bank.views) >= {"format", "compact", "pretty", "arguments", "format#1", "compact#1"}
     assert bank.num_tokens == sum(len(v) for v in bank.views.values())
-    assert bank.poll() is bank                        # a bank is a ready hint source
+    # a bank is a guess of the call ready at arrival: it polls at once, hands its first call to the tools and has
+    # no wave gate to report to
+    assert bank.poll() is bank and bank.wait_call(0.0) == CALL and bank.report(None, None) is None
+    assert HintBank(ids).wait_call(0.0) is None       # views of free text: no call
 
 
 # ------------------------------------------------------------------------------------------ suffix matching

@@ -13,12 +13,13 @@ import time
 import pytest
 from toy_bpe import toy_bpe
 
-from ooospec.eval import harness
+from ooospec.eval import bench_data
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.call_state import parse_state
 from ooospec.runtime.formats import common, hermes, parse_any, plain_json
-from ooospec.runtime.schema_fsm import CallGrammar, SchemaFSMDrafter, parse_state
+from ooospec.runtime.schema_fsm import CallGrammar, SchemaFSMDrafter
 
 
 def T(name: str, props, required=None, **extra) -> dict:
@@ -196,7 +197,7 @@ def test_deep_record_line_names_file_and_line(tmp_path):
     path = tmp_path / "deep.jsonl"
     path.write_text(json.dumps(record()) + "\n" + '{"id": ' + "[" * 100_000 + "\n")
     with pytest.raises(ValueError, match=r"deep\.jsonl:2: malformed_record: JSON nests too deep"):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
     deep_args = record(args={"city": "Paris", "x": json.loads("[" * 200 + "]" * 200)})
     assert R.validate_record(deep_args) == (
         R.MALFORMED_RECORD, "calls[0] 'get_weather': arguments nests deeper than 64 levels")
@@ -252,7 +253,7 @@ def test_line_numbers_count_blank_lines(tmp_path):
     write_lines(path, [json.dumps(record()), "", "", "  ", "", json.dumps(bad)])
     unknown = r"r\.jsonl:6: record 'toy/test/b': call_unknown_tool: calls\[0\]: call 'nope' not in tools"
     with pytest.raises(ValueError, match=unknown):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
 
 
 @pytest.mark.parametrize("line,message", [
@@ -267,7 +268,7 @@ def test_bad_lines_raise_value_error_with_file_and_line(tmp_path, line, message)
     path = tmp_path / "r.jsonl"
     write_lines(path, [json.dumps(record()), line])
     with pytest.raises(ValueError, match=r"r\.jsonl" + message):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
 
 
 @pytest.mark.parametrize("field,value,detail", [
@@ -284,7 +285,7 @@ def test_wrong_typed_fields_are_named(tmp_path, field, value, detail):
     write_lines(path, [json.dumps(record("toy/test/b")), json.dumps(record(**{field: value}))])
     with pytest.raises(ValueError, match=r"r\.jsonl:2: .*" + detail.replace("[", r"\[").replace("]", r"\]")
                        .replace("{", r"\{").replace("}", r"\}")):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
 
 
 def test_mixed_id_types_do_not_crash_the_sort(tmp_path):
@@ -292,7 +293,7 @@ def test_mixed_id_types_do_not_crash_the_sort(tmp_path):
     write_lines(path, [json.dumps(record("toy/test/a")), json.dumps(record(1))])
     with pytest.raises(ValueError,
                        match=r"r\.jsonl:2: malformed_record: id: expected a non-empty string, got a number"):
-        harness.load_examples(path)
+        bench_data.load_examples(path)
 
 
 def test_validate_record_never_raises_on_non_objects():

@@ -15,7 +15,8 @@ import random
 import pytest
 import torch
 
-from ooospec.runtime.llamacpp import TIE_MARGIN, _leaf_seqs
+from ooospec.runtime.llamacpp import TIE_MARGIN
+from ooospec.runtime.llamacpp_kv import leaf_seqs
 from ooospec.runtime.tree import build_tree, chain_tree
 from tests.runtime.test_engine_exact import KINDS, VOCAB, adversarial_drafter
 
@@ -56,10 +57,10 @@ def _prompt(seed: int, n: int) -> list[int]:
 def test_leaf_seqs_worked_example():
     # root(9) -> 7 -> {3, 4}, root -> 5: nodes 0..4 = 9, 7, 3, 4, 5; leaves 3 (node 2), 4 (node 3), 5 (node 4)
     tree = build_tree(9, [[7, 3], [7, 4], [5]], max_nodes=8)
-    seqs, n_leaves = _leaf_seqs(tree)
+    seqs, n_leaves = leaf_seqs(tree)
     assert n_leaves == 3
     assert seqs == [[0, 1, 2], [0, 1], [0], [1], [2]]
-    assert _leaf_seqs(chain_tree([1, 2, 3]))[0] == [[0], [0], [0]]
+    assert leaf_seqs(chain_tree([1, 2, 3]))[0] == [[0], [0], [0]]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -155,6 +156,26 @@ def test_continuing_from_the_cache_reuses_the_prefix(targets):
     assert again.tokens == REGISTRY["ar"](target).generate(follow, 8).tokens
 
 
+def test_the_target_interface_reads_the_gguf(targets):
+    """Shape, EOS, footprint and cost key come from the GGUF itself (``tiny_gguf``: 2 layers, hidden 64, 4 heads,
+    2 KV heads, EOS 2)."""
+    from ooospec.runtime.cost_model import calibration_key
+    from ooospec.runtime.target import as_target
+
+    target = targets["F32"]
+    assert as_target(target) is target and target.backend == "llama.cpp" and target.vocab_size == VOCAB + 20
+    assert (target.shape.num_layers, target.shape.num_heads, target.shape.num_kv_heads) == (2, 4, 2)
+    assert 2 in target.eos_token_ids()
+    fp = target.footprint()
+    assert fp.num_layers == 2 and fp.attn_dim == 64 and fp.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2   # f16 K, V
+    kv = target.new_kv_cache()
+    kv.reset()
+    kv.prefill(_prompt(3, 6))
+    assert kv.nbytes == 6 * fp.kv_bytes_per_token
+    assert calibration_key(target, 8).startswith(f"llama.cpp|{target.path.name}|") and "|threads=2|" in \
+        calibration_key(target, 8)
+
+
 def test_errors_are_clear(tmp_path, targets):
     with pytest.raises(FileNotFoundError, match="no such GGUF"):
         LlamaCppTarget(tmp_path / "missing.gguf")
@@ -173,7 +194,7 @@ def test_errors_are_clear(tmp_path, targets):
 def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
     """The bench with a llama.cpp target: llama.cpp greedy is the reference, every method is exact, the
     'vs llama.cpp' column is filled, cold and warm toolbox alike."""
-    from ooospec.eval import harness
+    from ooospec.eval import bench_methods, harness
     from ooospec.runtime.formats import detect_format
     from tests.eval.test_bench import byte_tokenizer, toy_records
 
@@ -181,8 +202,9 @@ def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
     gguf = make_tiny_gguf(tmp_path / "bench.gguf", vocab=320, head_scale=8.0, seed=3)
     target = LlamaCppTarget(gguf, threads=1, n_ctx=1024, max_leaves=32)
     try:
-        factories, _ = harness.build_methods(["ar", "toolspec", "llama.cpp", "llama.cpp-pld"], target, tok,
-                                           eos_token_ids=harness.eos_ids(target, tok), gguf=gguf, threads=1)
+        factories, _ = bench_methods.build_methods(["ar", "toolspec", "llama.cpp", "llama.cpp-pld"], target, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(target, tok), gguf=gguf,
+                                                   threads=1)
         assert list(factories) == ["ar", "llama.cpp", "toolspec", "llama.cpp-pld"]
         for warm in (False, True):
             res = harness.run_bench(target, tok, toy_records(), factories, fmt=detect_format(tok),
@@ -202,12 +224,14 @@ def test_tie_margin_is_calibrated_from_the_measured_batch_shape_difference(targe
     monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(llamacpp, "_NUMERICS", {})
     target = targets["Q4_0"]
-    diff = llamacpp.batch_shape_diff(target)
-    assert diff == llamacpp.batch_shape_diff(target)    # deterministic
+    measured = llamacpp.batch_shape_diff(target)
+    assert measured == llamacpp.batch_shape_diff(target)    # deterministic
+    diff = measured.max_abs_logit_diff
     target._tie_margin = None
     assert target.tie_margin == pytest.approx(max(llamacpp.TIE_MARGIN, llamacpp.TIE_FACTOR * diff))
     assert "llamacpp_batch_shape_diff" in (tmp_path / "hardware.json").read_text()
-    monkeypatch.setattr(llamacpp, "batch_shape_diff", lambda *a, **k: 3.0)   # a noisier kernel -> a wider margin
+    noisier = llamacpp.BatchShapeDiff(3.0, argmax_differs=True)   # a noisier kernel -> a wider margin
+    monkeypatch.setattr(llamacpp, "batch_shape_diff", lambda *a, **k: noisier)
     monkeypatch.setattr(llamacpp, "_NUMERICS", {})
     (tmp_path / "hardware.json").unlink()
     target._tie_margin = None

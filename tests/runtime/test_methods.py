@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ooospec.eval import agent_bench, harness
+from ooospec.eval import agent_bench, bench_methods
 from ooospec.runtime import methods
 from ooospec.runtime.chat import ChatModel
 from ooospec.runtime.formats import detect_format
@@ -17,27 +17,59 @@ from ooospec.runtime.schema_fsm import SchemaFSMDrafter
 from tests.runtime.chat_tiny import CALL, TOOLS, USER, trained_chat_model
 
 
-def _choices(add_arguments, flag: str) -> tuple[str, ...]:
+def _parses(add_arguments, argv: list[str]) -> bool:
+    """Whether a CLI's parser accepts ``argv``."""
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return tuple(next(a for a in p._actions if flag in a.option_strings).choices)
+    try:
+        p.parse_args(argv)
+    except SystemExit:
+        return False
+    return True
 
 
-def test_every_cli_reads_its_choices_from_the_registry():
+def test_every_cli_accepts_exactly_the_registrys_choices(capsys):
     from ooospec import serve_cli
-
-    assert methods.SERVED == ("ar", "toolspec", "ooospec")
-    assert _choices(serve_cli.add_arguments, "--method") == methods.SERVED
-    assert _choices(agent_bench.add_arguments, "--method") == methods.SERVED
-    assert harness.KNOWN_METHODS == tuple(methods.REGISTRY)
-    assert set(methods.ENGINE_METHODS) | set(harness.HF_PEERS) | set(harness.LLAMACPP_PEERS) == set(methods.REGISTRY)
-    assert harness.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
     from ooospec.eval import bench
 
-    assert methods.HINT_SOURCES == ("sidecar", "gold", "oracle")
-    assert _choices(bench.add_arguments, "--hints") == methods.HINT_SOURCES
+    def serve(*argv):
+        return _parses(serve_cli.add_arguments, ["--target", "t", *argv])
+
+    def bench_(*argv):
+        return _parses(bench.add_arguments, ["--target", "t", "--dataset", "d", *argv])
+
+    def agent(*argv):
+        return _parses(agent_bench.add_arguments, ["--target", "t", *argv])
+
+    assert methods.SERVED == ("ar", "toolspec", "ooospec")
+    for name in methods.REGISTRY:
+        assert serve("--method", name) == agent("--method", name) == (name in methods.SERVED), name
+    assert tuple(methods.HINT_SOURCES) == ("oracle", "gold", "sidecar")       # the report tables' order
+    assert all(bench_("--hints", source) for source in methods.HINT_SOURCES) and not bench_("--hints", "psychic")
+    # a server never makes the target wait for a wave; the bench places only a sidecar on its own box
+    assert [d for d in ("off", "shared", "split", "wave-first", "remote") if serve("--sidecar-gate", d)] == [
+        "off", "shared", "split", "remote"]
+    assert [d for d in ("shared", "split", "wave-first", "remote") if bench_("--sidecar-deploy", d)] == [
+        "shared", "split", "wave-first"]
+    for gate in ("on", "off"):          # the benches place the sidecar: "on" is their deployment's prior
+        assert bench_("--sidecar-gate", gate) and agent("--sidecar-gate", gate)
+    assert not bench_("--sidecar-gate", "remote")
+    capsys.readouterr()
+
+
+def test_the_registry_sorts_every_method_and_its_hints():
+    assert set(methods.BENCH_METHODS) | set(methods.VLLM_BENCH_METHODS) == set(methods.REGISTRY)
+    assert set(methods.ENGINE_METHODS) | set(bench_methods.HF_PEERS) | set(bench_methods.LLAMACPP_PEERS) == set(
+        methods.BENCH_METHODS)
+    assert bench_methods.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
+    assert methods.REFERENCES == {"hf": "hf-greedy", "llama.cpp": "llama.cpp", "vllm": "vllm"}
     assert {n: m.hints for n, m in methods.REGISTRY.items() if m.hints} == {
         "ooospec": "sidecar", "ooospec-gold": "gold", "ooospec-oracle": "oracle"}
+    assert [n for n, m in methods.REGISTRY.items() if m.uses_sidecar] == ["ooospec"]
+    assert {methods.hint_method(s) for s in methods.HINT_SOURCES} == set(methods.HINT_METHODS)
+    assert [n for n, m in methods.REGISTRY.items() if not m.warm_starts] == ["hf-pld", "hf-assisted"]
+    assert methods.default_served(with_sidecar=True) == "ooospec"
+    assert methods.default_served(with_sidecar=False) == "toolspec"
     assert "ooospec-oracle" not in methods.SERVED             # bench only: it needs ar's output of the request
     with pytest.raises(ValueError, match="unknown method 'pld'; known: ar, toolspec, ooospec"):
         methods.get_method("pld", served=True)

@@ -15,7 +15,8 @@ from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintDrafter, render_views, tokenize_views
 from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.sidecar_client import SidecarClient, free_port, parse_response, start_server
+from ooospec.runtime.sidecar_client import SidecarClient, parse_response
+from ooospec.runtime.sidecar_process import free_port, start_server
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import HANG_S, MESSAGES, TOOLS, StandIn

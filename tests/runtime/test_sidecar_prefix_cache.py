@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.deployments import DEPLOYMENTS
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.serve.sidecar_app import complete, create_app
 from ooospec.runtime.session import PrefixCache
 from ooospec.runtime.sidecar import Sidecar, decode_branches, measure_wave_cost
 from ooospec.runtime.sidecar_client import SidecarClient
-from ooospec.runtime.wave_gate import PRIORS, Option, WaveGate, wave_compute_s
+from ooospec.runtime.wave_gate import Option, WaveGate, wave_compute_s
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB, tiny_model
 from tests.runtime.sidecar_servers import running_app
@@ -106,7 +107,7 @@ def test_a_prefill_makes_the_next_wave_start_from_the_toolbox():
     rec = RECORDS[1]
     toolbox = sp.shared_block([], rec["tools"], layout=3)
     block = sp.shared_block(rec["messages"], rec["tools"], layout=3)
-    gate = WaveGate(PRIORS["split"])
+    gate = WaveGate(DEPLOYMENTS["split"].prior)
     with running_app(create_app(sidecar, limits=LIMITS)) as url:
         client = SidecarClient(url, max_tokens=6, gate=gate)
         assert client.prefill([], rec["tools"], wait=True) is True
@@ -121,7 +122,7 @@ def test_a_prefill_makes_the_next_wave_start_from_the_toolbox():
 
 
 def test_the_gate_prices_only_the_uncached_part_of_a_block():
-    est = PRIORS["shared"]
+    est = DEPLOYMENTS["shared"].prior
     q = sp.build_wave([{"role": "user", "content": "hi"}], RECORDS[0]["tools"][:1]).queries[:1]
     cold = wave_compute_s(Option("index", q, 2000), est)
     warm = wave_compute_s(Option("index", q, 2000, cached_chars=1500), est)
@@ -141,7 +142,7 @@ def test_the_server_measures_its_wave_cost_and_the_gate_prices_waves_with_it():
     assert cal["prefill_per_token"] > 0 and cal["decode_forward_s"] > 0 and 1 <= cal["n_forwards"] <= 4
     assert cal["num_queries"] == 3 and cal["block_tokens"] == 64
     sidecar.calibration = cal
-    gate = WaveGate(PRIORS["shared"])
+    gate = WaveGate(DEPLOYMENTS["shared"].prior)
     with running_app(create_app(sidecar, limits=LIMITS)) as url:
         assert get(url, "/health")[1]["calibration"] == cal
         client = SidecarClient(url, max_tokens=6, gate=gate)
@@ -149,10 +150,10 @@ def test_the_server_measures_its_wave_cost_and_the_gate_prices_waves_with_it():
     p = gate.prior
     assert gate.calibration is not None and p.prefill_per_token == cal["prefill_per_token"]
     assert p.decode_forward + 3 * p.decode_per_query == pytest.approx(cal["decode_forward_s"])
-    assert p.interference == PRIORS["shared"].interference        # only the sidecar's compute is measured
+    assert p.interference == DEPLOYMENTS["shared"].prior.interference        # only the sidecar's compute is measured
     assert gate.fresh().prior == p and gate.summary()["calibration"]["num_queries"] == 3
     with running_app(create_app(Sidecar(model, tok, metadata={"layout_version": 3}), limits=LIMITS)) as url:
         assert get(url, "/health")[1]["calibration"] is None       # not calibrated: clients keep their prior
-        other = WaveGate(PRIORS["shared"])
+        other = WaveGate(DEPLOYMENTS["shared"].prior)
         SidecarClient(url, gate=other).server_layout()
-    assert other.prior == PRIORS["shared"] and other.calibration is None
+    assert other.prior == DEPLOYMENTS["shared"].prior and other.calibration is None

@@ -147,7 +147,8 @@ def test_join_slots_validates_values_against_the_schema_and_rejects_nan():
     assert sp.join_slots(TOOLS, "1", {}, direct)["direct_call"] == {"name": "get_time", "arguments": {"tz": "UTC"}}
 
 
-@pytest.mark.parametrize("module", ["ooospec.runtime.sidecar_prompts", "ooospec.runtime.sidecar_client"])
+@pytest.mark.parametrize("module", ["ooospec.runtime.sidecar_prompts", "ooospec.runtime.sidecar_client",
+                                    "ooospec.runtime.sidecar_process"])
 def test_the_contract_and_the_client_import_without_torch(module):
     code = f"import sys; import {module}; assert 'torch' not in sys.modules, 'torch was imported'"
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)

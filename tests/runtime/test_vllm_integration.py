@@ -70,7 +70,7 @@ def test_drafts_inside_vllm_keep_its_greedy_output(tmp_path, model_dir):
 def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir):
     import openai
 
-    from ooospec.runtime.sidecar_client import free_port
+    from ooospec.runtime.sidecar_process import free_port
 
     port = free_port()
     spec = {"method": "custom_class", "model": "ooospec.runtime.vllm.OoOSpecProposer", "num_speculative_tokens": 16}

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.deployments import DEPLOYMENTS
 from ooospec.runtime.engine import GenerationResult, StepStats
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintDrafter, HintStats
@@ -19,26 +20,22 @@ from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from ooospec.runtime.sidecar_client import RequestStats, SidecarClient
 from ooospec.runtime.wave_gate import (
-    PRIORS,
     Option,
     WaveGate,
-    WaveOutcome,
     calibrated,
     decide,
     expected_cost_s,
     expected_saving_s,
-    interference_sample,
-    outcome_of,
     tools_key,
-    verbatim_slots,
     wave_compute_s,
 )
+from ooospec.runtime.wave_outcome import WaveOutcome, interference_sample, outcome_of, verbatim_slots
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
 
 WAVE = sp.build_wave(MESSAGES, TOOLS)            # index, get_weather.city, get_weather.unit, get_time.tz
-SHARED, SPLIT = PRIORS["shared"], PRIORS["split"]
+SHARED, SPLIT = DEPLOYMENTS["shared"].prior, DEPLOYMENTS["split"].prior
 
 
 # ------------------------------------------------------------------------------------------ pure estimates
@@ -317,15 +314,14 @@ def test_chat_turn_carries_the_decision():
 
 def test_bench_method_reports_the_decision(target):
     from ooospec.eval.method_api import BenchContext
-    from ooospec.eval.ooospec_method import DEPLOYMENTS, SidecarHints, wave_gate_for
+    from ooospec.eval.ooospec_method import SidecarHints
 
     model, tok, prompt, ar = target
-    assert wave_gate_for(DEPLOYMENTS["shared"]).prior == SHARED
     ctx = BenchContext(model=model, tokenizer=tok, fmt=hermes, eos_token_ids=[], max_new_tokens=24,
                        stop=lambda g: False, record={"messages": MESSAGES, "tools": TOOLS})
     with StandIn("by_query") as server:
         for deploy, decision, n in (("shared", "skip", 0), ("wave-first", "skip", 0)):
-            client = SidecarClient(server.url, gate=wave_gate_for(DEPLOYMENTS[deploy]))
+            client = SidecarClient(server.url, gate=WaveGate(DEPLOYMENTS[deploy].prior))
             hints = SidecarHints(client, DEPLOYMENTS[deploy], 1)
             source = hints.start(ctx, time.perf_counter())
             drafter = HintDrafter(source)

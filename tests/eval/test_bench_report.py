@@ -1,10 +1,10 @@
-"""eval/report.py on a hand-made results dict: the markdown table, the PNG and the module CLI."""
+"""eval/bench_report.py on a hand-made results dict: the markdown table, the PNG and the module CLI."""
 
 from __future__ import annotations
 
 import json
 
-from ooospec.eval import report
+from ooospec.eval import bench_report
 
 
 def hand_results() -> dict:
@@ -30,7 +30,7 @@ def hand_results() -> dict:
 
 
 def test_table_rows_in_run_order_with_values():
-    table = report.markdown_table(hand_results())
+    table = bench_report.markdown_table(hand_results())
     lines = table.splitlines()
     assert lines[0].startswith("| method | n | mean s")
     body = [line for line in lines[2:] if line.startswith("| ")]
@@ -45,11 +45,11 @@ def test_table_rows_in_run_order_with_values():
 
 
 def test_times_vs_baseline_pairs_by_id():
-    assert report.times_vs_baseline(hand_results(), "pld") == ([1.0, 3.0], [0.5, 1.5])
+    assert bench_report.times_vs_baseline(hand_results(), "pld") == ([1.0, 3.0], [0.5, 1.5])
 
 
 def test_plot_writes_png(tmp_path):
-    path = report.plot(hand_results(), tmp_path / "sub" / "bench.png")
+    path = bench_report.plot(hand_results(), tmp_path / "sub" / "bench.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
@@ -57,30 +57,30 @@ def test_plot_writes_png(tmp_path):
 def test_module_cli(tmp_path, capsys):
     src = tmp_path / "results.json"
     src.write_text(json.dumps(hand_results()))
-    assert report.main([str(src), "--out-dir", str(tmp_path / "out")]) == 0
+    assert bench_report.main([str(src), "--out-dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "bench.png").is_file()
     assert (tmp_path / "out" / "table.md").read_text().startswith("| method |")
     assert "| pld |" in capsys.readouterr().out
 
 
 def test_hint_table_only_for_methods_with_hints():
-    from ooospec.eval import report
+    from ooospec.eval import bench_report
 
     res = {"methods": {"ar": {"n": 2}, "ooospec": {"n": 2, "hints": {
         "n": 2, "ready_before_first_tree": 0.5, "ready_before_end": 1.0, "used": 0.5,
         "mean_hint_tokens_accepted": 3.0, "median_ready_s": 0.25, "median_wave_s": 0.2, "p90_wave_s": 0.3,
         "median_server_prefill_s": 0.12, "median_server_decode_s": 0.07, "median_payload_bytes": 120,
         "mean_target_sidecar_s": 0.002, "errors": {"timeout": 1}}}}, "examples": []}
-    text = report.markdown_table(res)
+    text = bench_report.markdown_table(res)
     assert ("| ooospec | 2 | 50% | 100% | 50% | 3.0 | 0.250 | 0.200 | 0.300 | 0.120 | 0.070 | 120 | 2.0 "
             "| timeout 1 |") in text
     assert "median wave" not in text          # no toolspec row in this run: nothing to compare the wave with
     assert "| ar |" not in text.split("| hints of |")[1]
-    assert report.hint_table({"methods": {"ar": {"n": 1}}, "examples": []}) == []
+    assert bench_report.hint_table({"methods": {"ar": {"n": 1}}, "examples": []}) == []
 
 
 def test_hint_sources_table_puts_oracle_gold_and_real_side_by_side():
-    from ooospec.eval import report
+    from ooospec.eval import bench_report
 
     def hinted(source, accepted, mat):
         return {"n": 3, "mat": mat, "hints": {"n": 3, "source": source, "mean_hint_tokens_accepted": accepted}}
@@ -90,34 +90,35 @@ def test_hint_sources_table_puts_oracle_gold_and_real_side_by_side():
            "methods": {"ar": {"n": 3, "mat": 1.0}, "toolspec": {"n": 3, "mat": 2.5},
                        "ooospec": hinted("sidecar", 4.0, 3.1), "ooospec-gold": hinted("gold", 9.5, 4.0),
                        "ooospec-oracle": hinted("oracle", 12.4, 4.5)}, "examples": []}
-    lines = report.hint_sources_table(res)
+    lines = bench_report.hint_sources_table(res)
     assert lines[1] == "hints: oracle / gold / real"
     assert lines[3].splitlines()[2:] == ["| apibank-l1 | oracle | ooospec-oracle | 3 | 12.4 | 4.50 |",
                                          "| apibank-l1 | gold | ooospec-gold | 3 | 9.5 | 4.00 |",
                                          "| apibank-l1 | real | ooospec | 3 | 4.0 | 3.10 |"]
-    assert "\n".join(lines) in report.markdown_table(res)
+    assert "\n".join(lines) in bench_report.markdown_table(res)
     # a summary from before hints.source: the method's name (or the run's --hints) says where its hints came from
     del res["methods"]["ooospec-gold"]["hints"]["source"], res["methods"]["ooospec"]["hints"]["source"]
     res["config"]["hints"] = "oracle"
-    rows = report.hint_sources_table(res)[3].splitlines()[2:]
+    rows = bench_report.hint_sources_table(res)[3].splitlines()[2:]
     assert [r.split(" | ")[1:3] for r in rows] == [["oracle", "ooospec"], ["oracle", "ooospec-oracle"],
                                                    ["gold", "ooospec-gold"]]
-    assert report.hint_sources_table({"methods": {"ar": {"n": 1}, "toolspec": {"n": 1}}, "examples": []}) == []
+    assert bench_report.hint_sources_table({"methods": {"ar": {"n": 1}, "toolspec": {"n": 1}}, "examples": []}) == []
 
 
 def test_the_report_names_the_sidecar_adapter():
-    from ooospec.eval import report
+    from ooospec.eval import bench_report
 
     res = {"methods": {}, "examples": [], "env": {"sidecar_adapter": {
         "path": "/a/sidecar", "sha256": "ab" * 32, "layout_version": 2, "url": None}}}
-    assert report.adapter_line(res) == f"sidecar adapter /a/sidecar (weights sha256 {'ab' * 6}, layout 2)"
+    assert bench_report.adapter_line(res) == f"sidecar adapter /a/sidecar (weights sha256 {'ab' * 6}, layout 2)"
     res["env"]["sidecar_adapter"] = {"path": None, "sha256": None, "layout_version": None, "url": "http://h:1"}
-    assert report.adapter_line(res) == "sidecar hints from the server http://h:1 (adapter not named)"
-    assert report.adapter_line({"env": {"sidecar_adapter": None}}) is None and report.adapter_line({}) is None
+    assert bench_report.adapter_line(res) == "sidecar hints from the server http://h:1 (adapter not named)"
+    assert bench_report.adapter_line({"env": {"sidecar_adapter": None}}) is None
+    assert bench_report.adapter_line({}) is None
 
 
 def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
-    from ooospec.eval import report
+    from ooospec.eval import bench_report
     from ooospec.eval.ooospec_method import summarize_hints
 
     rows = [{"hints": {"wave_s": w, "ready_s": w + 0.01, "ready_step": 0, "num_accepted_tokens": 1,
@@ -128,7 +129,7 @@ def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
     res = {"methods": {"ar": {"n": 5}, "toolspec": {"n": 5, "median_s": 1.2}, "ooospec": {"n": 5, "hints": h}},
            "examples": []}
     assert ("ooospec: median wave 0.300 s = 0.25 x and p90 wave 1.000 s = 0.83 x the median toolspec call "
-            "(1.200 s) of this run") in report.markdown_table(res)
+            "(1.200 s) of this run") in bench_report.markdown_table(res)
 
 
 def test_vs_llamacpp_summary_rows():
@@ -140,7 +141,7 @@ def test_vs_llamacpp_summary_rows():
            "methods": {"ar": s(2.0, vs=1.5), "llama.cpp": s(3.0, vs=1.0, exact=0.5, ties=1),
                        "toolspec": s(1.0, vs=3.0, exact=0.5, ties=1, mat=4.2)}}
     no_peer = {"config": {}, "methods": {"ar": s(1.0)}}
-    lines = report.vs_llamacpp_table([run, no_peer]).splitlines()
+    lines = bench_report.vs_llamacpp_table([run, no_peer]).splitlines()
     assert len(lines) == 3   # header, rule, one row: the run without the peer is left out
     assert lines[2] == "| t | d | warm | 2 | 3.00 | 2.00 | **1.50x** | 1.00 | **3.00x** | 4.20 | 50% | 1 | 0 |"
 
@@ -157,7 +158,7 @@ def test_gate_table_ratio_decisions_and_hint_tokens():
     ungated = {**run, "config": {"target": "t", "dataset": "d"},
                "examples": [{"method": "ooospec", "hints": {"num_accepted_tokens": 3}}]}
     no_ooospec = {"config": {}, "methods": {"ar": s(1.0), "toolspec": s(1.0)}, "examples": []}
-    lines = report.gate_table([run, ungated, no_ooospec]).splitlines()
+    lines = bench_report.gate_table([run, ungated, no_ooospec]).splitlines()
     assert len(lines) == 4                                   # header, rule, two rows: the run without ooospec left out
     assert lines[2] == "| t | d | warm | 2 | 2.00 | 1.60 | **1.25x** | 1 / 0 / 1 | 6.0 | 50% | 1 | 0 |"
     assert lines[3] == "| t | d | cold | 2 | 2.00 | 1.60 | **1.25x** | no gate | 3.0 | 50% | 1 | 0 |"

@@ -1,9 +1,11 @@
-"""Tables and plots from an ``ooospec bench`` results JSON. Pure functions; imports nothing from ``ooospec``.
+"""The bench report: tables and plots from ``ooospec bench`` results JSONs. Pure functions; method and hint-source
+names come from the registry (:mod:`ooospec.runtime.methods`, torch-free); every table is rendered by
+:func:`ooospec.reporting.md_table`, the markdown primitives every report shares.
 
 Run as::
 
-    python -m ooospec.eval.report results.json --out-dir reports/bench     # writes table.md and bench.png
-    python -m ooospec.eval.report a.json b.json --vs-llamacpp              # one row per run against llama.cpp
+    python -m ooospec.eval.bench_report results.json --out-dir reports/bench   # writes table.md and bench.png
+    python -m ooospec.eval.bench_report a.json b.json --vs-llamacpp            # one row per run against llama.cpp
 
 The results JSON (see ``eval/bench.py``) holds ``methods`` (``{name: summary}``), ``examples`` (one row per
 example and method, with ``id``, ``method``, ``time_s``), and optionally ``config``, ``env`` and ``notes``.
@@ -16,17 +18,26 @@ import json
 from pathlib import Path
 
 from ooospec.reporting import fmt_cell, md_table
+from ooospec.runtime.methods import (
+    BASELINE,
+    HINT_SOURCES,
+    LLAMACPP_REFERENCE,
+    OOOSPEC,
+    REGISTRY,
+    SIDECAR,
+    TOOLSPEC,
+)
 
 # (header, summary key, format[, scale]), a line per group: times; speedups; tree; prefill and decode against
 # the machine's roofline; exactness and defects
 COLUMNS: list[tuple] = [
     ("n", "n", "{:d}"), ("mean s", "mean_s", "{:.3f}"), ("median s", "median_s", "{:.3f}"),
     ("speedup (mean)", "speedup", "{:.2f}x"), ("speedup (median/ex)", "speedup_median", "{:.2f}x"),
-    ("vs llama.cpp", "vs_llamacpp", "{:.2f}x"), ("decode speedup", "decode_speedup", "{:.2f}x"),
+    (f"vs {LLAMACPP_REFERENCE}", "vs_llamacpp", "{:.2f}x"), ("decode speedup", "decode_speedup", "{:.2f}x"),
     ("#MAT", "mat", "{:.2f}"), ("mean tree", "mean_tree_size", "{:.1f}"), ("proposed", "mean_proposed_nodes", "{:.1f}"),
     ("prefill GFLOP/s", "prefill_flops_per_s", "{:.0f}", 1e-9), ("% peak", "prefill_peak_frac", "{:.0%}"),
     ("decode GB/s", "decode_bytes_per_s", "{:.1f}", 1e-9), ("% peak bw", "decode_peak_frac", "{:.0%}"),
-    ("exact vs ar", "exact_rate", "{:.0%}"), ("exact vs stock", "exact_hf_rate", "{:.0%}"),
+    (f"exact vs {BASELINE}", "exact_rate", "{:.0%}"), ("exact vs stock", "exact_hf_rate", "{:.0%}"),
     ("near-ties", "near_ties", "{:d}"), ("defects", "defects", "{:d}"),
 ]
 
@@ -113,7 +124,7 @@ def hint_table(results: dict) -> list[str]:
     return ["", table] + wave_vs_call_lines(results, names)
 
 
-def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec") -> list[str]:
+def wave_vs_call_lines(results: dict, names: list[str], against: str = TOOLSPEC) -> list[str]:
     """One line per hint method: its median and p90 wave as fractions of the median ``against`` call of the same
     run (the sidecar issue's budget: a hint is only worth something if the wave is short next to the call)."""
     call = results["methods"].get(against, {}).get("median_s")
@@ -130,16 +141,19 @@ def wave_vs_call_lines(results: dict, names: list[str], against: str = "toolspec
     return [""] + out if out else []
 
 
-# the hint-sources table: its rows' order and labels ("real" = the sidecar), and the source of a hint method whose
-# summary predates ``hints.source``
-HINT_SOURCE_LABELS = {"oracle": "oracle", "gold": "gold", "sidecar": "real"}
-METHOD_HINT_SOURCE = {"ooospec-oracle": "oracle", "ooospec-gold": "gold"}
+def hint_source_of(name: str, summary_hints: dict, config: dict) -> str:
+    """Where method ``name``'s hints came from: its summary's ``hints.source`` when it has one, else the registry's
+    source of a ceiling method, else the run's ``--hints`` (method ``ooospec`` takes its hints from there)."""
+    method = REGISTRY.get(name)
+    registered = method.hints if method is not None and not method.uses_sidecar else None
+    return summary_hints.get("source") or registered or config.get("hints") or SIDECAR
 
 
 def hint_sources_table(results: dict) -> list[str]:
     """Markdown lines of the "hints: oracle / gold / real" table (empty when no method has hints): for each hint
     method of this run (``ooospec-oracle``, ``ooospec-gold``, ``ooospec``), on its benchmark, the hint tokens
-    accepted per request (mean) and #MAT, the oracle (the target's own call) first, then gold, then the sidecar."""
+    accepted per request (mean) and #MAT, in the order of :data:`~ooospec.runtime.methods.HINT_SOURCES`: the oracle
+    (the target's own call) first, then gold, then the sidecar ("real")."""
     cfg = results.get("config", {})
     benchmark = Path(str(cfg["dataset"])).stem if cfg.get("dataset") else "-"
     found = []
@@ -147,13 +161,13 @@ def hint_sources_table(results: dict) -> list[str]:
         summary = results["methods"][name]
         h = summary.get("hints")
         if h:
-            source = h.get("source") or METHOD_HINT_SOURCE.get(name) or cfg.get("hints") or "sidecar"
-            found.append((source, name, summary, h))
+            found.append((hint_source_of(name, h, cfg), name, summary, h))
     if not found:
         return []
-    order = list(HINT_SOURCE_LABELS)
+    order = list(HINT_SOURCES)
     found.sort(key=lambda f: order.index(f[0]) if f[0] in order else len(order))
-    rows = [[benchmark, HINT_SOURCE_LABELS.get(source, source), name, fmt_cell(h.get("n"), "{:d}"),
+    rows = [[benchmark, HINT_SOURCES[source].label if source in HINT_SOURCES else source, name,
+             fmt_cell(h.get("n"), "{:d}"),
              fmt_cell(h.get("mean_hint_tokens_accepted"), "{:.1f}"), fmt_cell(summary.get("mat"), "{:.2f}")]
             for source, name, summary, h in found]
     table = md_table(["benchmark", "hints", "method", "requests", "hint tokens accepted (mean)", "#MAT"], rows,
@@ -184,14 +198,14 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines + [""] + [f for f in footer if f])
 
 
-def times_vs_baseline(results: dict, method: str, baseline: str = "ar") -> tuple[list[float], list[float]]:
+def times_vs_baseline(results: dict, method: str, baseline: str = BASELINE) -> tuple[list[float], list[float]]:
     """``(baseline times, method times)`` paired by example id, in id order."""
     rows = {(r["method"], r["id"]): r["time_s"] for r in results["examples"]}
     ids = sorted(i for m, i in rows if m == method and (baseline, i) in rows)
     return [rows[(baseline, i)] for i in ids], [rows[(method, i)] for i in ids]
 
 
-def plot(results: dict, path: Path, baseline: str = "ar") -> Path:
+def plot(results: dict, path: Path, baseline: str = BASELINE) -> Path:
     """A PNG: speedup bars (mean-time ratio, exactness annotated) and per-example time vs the baseline."""
     import matplotlib
 
@@ -243,29 +257,27 @@ def write_report(results: dict, out_dir: Path) -> list[Path]:
     return [table, plot(results, out_dir / "bench.png")]
 
 
-PEER = "llama.cpp"
-
-
-def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = ("ar", "toolspec")) -> str:
+def vs_llamacpp_table(runs: list[dict], methods: tuple[str, ...] = (BASELINE, TOOLSPEC)) -> str:
     """One row per bench run that has the ``llama.cpp`` peer: its mean time and each method's ratio to it
     (> 1: faster than llama.cpp's plain greedy decoding), #MAT, exactness vs ``ar`` and the mismatch classes."""
-    head = ["target", "benchmark", "toolbox", "n", "llama.cpp mean s"]
+    peer = LLAMACPP_REFERENCE
+    head = ["target", "benchmark", "toolbox", "n", f"{peer} mean s"]
     for m in methods:
-        head += [f"{m} mean s", f"{m} vs llama.cpp"]
-    head += ["toolspec #MAT", "identical to ar", "near-ties", "defects"]
+        head += [f"{m} mean s", f"{m} vs {peer}"]
+    head += [f"{TOOLSPEC} #MAT", f"identical to {BASELINE}", "near-ties", "defects"]
     rows = []
     for res in runs:
         cfg, summ = res.get("config", {}), res["methods"]
-        if PEER not in summ:
+        if peer not in summ:
             continue
         row = [cfg.get("target", "?"), cfg.get("dataset", "?"), "warm" if cfg.get("warm_tools") else "cold",
-               str(summ[PEER]["n"]), f"{summ[PEER]['mean_s']:.2f}"]
+               str(summ[peer]["n"]), f"{summ[peer]['mean_s']:.2f}"]
         for m in methods:
             s = summ.get(m, {})
             row += [fmt_cell(s.get("mean_s"), "{:.2f}"), fmt_cell(s.get("vs_llamacpp"), "**{:.2f}x**")]
-        spec = [summ[m] for m in summ if m not in ("ar", PEER)]
+        spec = [summ[m] for m in summ if m not in (BASELINE, peer)]
         n = sum(s["n"] for s in spec)
-        row += [fmt_cell(summ.get("toolspec", {}).get("mat"), "{:.2f}"),
+        row += [fmt_cell(summ.get(TOOLSPEC, {}).get("mat"), "{:.2f}"),
                 f"{sum(s['exact_rate'] * s['n'] for s in spec) / n:.0%}" if n else "-",
                 str(sum(s["near_ties"] for s in spec)), str(sum(s["defects"] for s in spec))]
         rows.append(row)
@@ -276,15 +288,16 @@ def gate_table(runs: list[dict]) -> str:
     """One row per bench run with ``toolspec`` and ``ooospec``: the ratio of their mean times (> 1: the sidecar paid),
     what the wave gate decided for the run's requests (``skip`` / ``index`` / ``slots``), the hint tokens accepted
     per request and exactness (identical to ``ar``, near-ties, defects of ``ooospec``)."""
-    head = ["target", "benchmark", "toolbox", "n", "toolspec mean s", "ooospec mean s", "ooospec vs toolspec",
-            "waves: skip / index / slots", "hint tokens accepted", "identical to ar", "near-ties", "defects"]
+    head = ["target", "benchmark", "toolbox", "n", f"{TOOLSPEC} mean s", f"{OOOSPEC} mean s",
+            f"{OOOSPEC} vs {TOOLSPEC}", "waves: skip / index / slots", "hint tokens accepted",
+            f"identical to {BASELINE}", "near-ties", "defects"]
     rows = []
     for res in runs:
         cfg, summ = res.get("config", {}), res["methods"]
-        if "toolspec" not in summ or "ooospec" not in summ:
+        if TOOLSPEC not in summ or OOOSPEC not in summ:
             continue
-        ts, oo = summ["toolspec"], summ["ooospec"]
-        hints = [e.get("hints") or {} for e in res["examples"] if e["method"] == "ooospec"]
+        ts, oo = summ[TOOLSPEC], summ[OOOSPEC]
+        hints = [e.get("hints") or {} for e in res["examples"] if e["method"] == OOOSPEC]
         decided = [(h.get("wave") or {}).get("decision") for h in hints]
         waves = " / ".join(str(decided.count(k)) for k in ("skip", "index", "slots")) if any(decided) else "no gate"
         accepted = [h.get("num_accepted_tokens") or 0 for h in hints]
@@ -297,7 +310,7 @@ def gate_table(runs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ooospec.eval.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ooospec.eval.bench_report", description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+", help="results JSON(s) written by `ooospec bench --out`")
     parser.add_argument("--out-dir", type=Path, default=None, help="write table.md and bench.png here (one JSON)")
     parser.add_argument("--vs-llamacpp", action="store_true",

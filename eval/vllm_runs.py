@@ -1,0 +1,247 @@
+"""One vLLM bench method's timed requests: its engine settings, run offline (``LLM.generate``) or through ``vllm
+serve`` (``--serve-lora``), batch 1, one request after the other (the command line is :mod:`ooospec.eval.vllm_bench`).
+
+    rows = run_method(args, method, records, prompts, sampling, reference)   # one row per request, in order
+
+An ooo-spec method runs as vLLM's ``custom_class`` proposer (:data:`PROPOSER`); vLLM's own by what they draft with
+(:func:`speculative_config`). Per request a row holds the wall time, the new tokens and text, and vLLM's spec-decode
+counters over the call (:data:`COUNTERS`: drafts, draft tokens, accepted tokens).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
+
+PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens")
+
+
+def speculative_config(method: str, k: int, ngram_k: int) -> dict | None:
+    """The engine's ``speculative_config`` for ``method`` (None: plain decoding): ours as vLLM's ``custom_class``
+    proposer, vLLM's own by what they draft with (prompt lookup: ``ngram``; ``suffix``)."""
+    m = get_method(method)
+    if m.is_engine:
+        return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
+    if "pld" in m.drafters:
+        return {"method": "ngram", "num_speculative_tokens": ngram_k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    if "suffix" in m.drafters:
+        return {"method": "suffix", "num_speculative_tokens": k}
+    return None
+
+
+def ooospec_options(method: str, sidecar_url: str | None, slope: float) -> dict:
+    """``additional_config["ooospec"]`` of an ooo-spec method: the served method the proposer runs (a ceiling runs as
+    the method that takes hints, its hints coming with each request)."""
+    m = get_method(method)
+    options = {"method": OOOSPEC if m.takes_hints else TOOLSPEC, "chain_cost_slope": slope}
+    if m.uses_sidecar and sidecar_url:
+        options["sidecar_url"] = sidecar_url
+    return options
+
+
+def request_xargs(method: str, record: dict, reference_text: str | None) -> dict:
+    """A request's ``extra_args``: its tools and messages (JSON text), and the oracle's hint."""
+    m = get_method(method)
+    if not m.is_engine:
+        return {}
+    xargs = {"ooospec_tools": json.dumps(record["tools"]), "ooospec_messages": json.dumps(record["messages"])}
+    if m.hints == ORACLE:
+        if reference_text is None:
+            raise ValueError(f"{method} needs the {VLLM_REFERENCE!r} output of {record['id']!r} first")
+        xargs["ooospec_hint"] = reference_text
+    return xargs
+
+
+def counters(llm) -> dict[str, float]:
+    """vLLM's spec-decode counters now (zeros for plain decoding)."""
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for metric in llm.get_metrics():
+        if metric.name in out:
+            out[metric.name] += float(getattr(metric, "value", 0.0) or 0.0)
+    return out
+
+
+def margin_at(logprobs, position: int) -> float | None:
+    """The top-2 logprob margin behind the reference token at ``position`` (vLLM ``logprobs=2``)."""
+    if logprobs is None or position >= len(logprobs) or not logprobs[position]:
+        return None
+    values = sorted((lp.logprob for lp in logprobs[position].values()), reverse=True)
+    return values[0] - values[1] if len(values) > 1 else None
+
+
+def engine_kwargs(args, method: str) -> dict:
+    kw = {"model": args.model_dir, "tokenizer": args.model_dir, "dtype": args.dtype,
+          "max_model_len": args.max_model_len, "enable_prefix_caching": bool(getattr(args, "warm_tools", False)),
+          "seed": 0,
+          "disable_log_stats": False, "max_num_seqs": 1}
+    spec = speculative_config(method, args.k, args.ngram_k)
+    if spec is not None:
+        kw["speculative_config"] = spec
+    if get_method(method).is_engine:
+        kw["additional_config"] = {"ooospec": ooospec_options(method, args.sidecar_url, args.chain_cost_slope)}
+    return kw
+
+
+def run_method(args, method: str, records: list[dict], prompts: list[list[int]], params,
+               reference: dict[str, dict]) -> list[dict]:
+    """Build the method's engine, warm it up, time every request; rows in record order."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if get_method(method).prefill_only:        # time to the first token: the prompt's forward
+        params = {**params, "max_tokens": 1}
+    t0 = time.perf_counter()
+    llm = LLM(**engine_kwargs(args, method))
+    load_s = time.perf_counter() - t0
+    rows = []
+    try:
+        warm = SamplingParams(**{**params, "max_tokens": 16},
+                              extra_args=request_xargs(method, records[0], reference.get(records[0]["id"], {})
+                                                       .get("text")) or None)
+        llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
+        sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
+        blocks = getattr(args, "blocks", None)
+        for i, (record, ids) in enumerate(zip(records, prompts)):
+            if blocks:        # --warm-tools: only this request's system + tools block is cached when the clock starts
+                llm.reset_prefix_cache()
+                llm.generate([TokensPrompt(prompt_token_ids=ids[:blocks[i]])],
+                             SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+            ref = reference.get(record["id"], {})
+            sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text")) or None)
+            if sidecar:       # the previous request's wave may still run: untimed, let it finish
+                from ooospec.runtime.sidecar_process import wait_idle
+
+                wait_idle(sidecar)
+            before = counters(llm)
+            t = time.perf_counter()
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
+            wall = time.perf_counter() - t
+            after = counters(llm)
+            tokens = list(out.token_ids)
+            accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
+            rows.append({"record_id": record["id"], "method": method, "prompt_len": len(ids), "time_s": wall,
+                         "new_tokens": len(tokens), "tokens": tokens, "text": out.text,
+                         "drafts": int(after[COUNTERS[0]] - before[COUNTERS[0]]),
+                         "draft_tokens": int(after[COUNTERS[1]] - before[COUNTERS[1]]),
+                         "accepted": accepted, "forwards": max(len(tokens) - accepted, 1),
+                         "load_s": load_s})
+            print(f"[vllm-bench] {method} {record['id']}: {wall:.2f}s, {len(tokens)} tokens, {accepted} accepted",
+                  file=sys.stderr)
+        if method == VLLM_REFERENCE and args.classify:
+            margins_for = SamplingParams(**params, logprobs=2)
+            for row, ids in zip(rows, prompts):
+                lp = llm.generate([TokensPrompt(prompt_token_ids=ids)], margins_for, use_tqdm=False)[0].outputs[0]
+                row["margins"] = [margin_at(lp.logprobs, i) for i in range(len(lp.token_ids))]
+    finally:
+        del llm
+        gc.collect()
+    return rows
+
+
+def server_command(args, method: str, port: int) -> list[str]:
+    """``--serve-lora``: the OpenAI server of one method; the sidecar adapter is a LoRA module of the same engine,
+    and ``ooospec`` sends its waves to that same server, so they are batched with the target's steps."""
+    kw = engine_kwargs(args, method)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kw["model"], "--port", str(port),
+           "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]), "--no-enable-prefix-caching",
+           "--seed", "0", "--max-num-seqs", str(args.server_max_seqs), "--enable-lora", "--max-lora-rank", "64",
+           "--lora-modules", f"sidecar={args.serve_lora}"]
+    if "speculative_config" in kw:
+        cmd += ["--speculative-config", json.dumps(kw["speculative_config"])]
+    if "additional_config" in kw:
+        options = dict(kw["additional_config"]["ooospec"])
+        if get_method(method).uses_sidecar:
+            options.update(sidecar_url=f"http://127.0.0.1:{port}", sidecar_model="sidecar")
+        cmd += ["--additional-config", json.dumps({"ooospec": options})]
+    return cmd
+
+
+def scrape_counters(url: str) -> dict[str, float]:
+    """The spec-decode counters of a server's ``/metrics`` (Prometheus text)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        for name in COUNTERS:
+            if line.startswith(name + "_total"):
+                out[name] += float(line.split()[-1])
+    return out
+
+
+def wait_idle(url: str, timeout_s: float = 120.0) -> None:
+    """Until the server runs and queues no request (its ``/metrics`` gauges), at most ``timeout_s``."""
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        busy = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                   if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
+        if busy == 0:
+            return
+        time.sleep(0.05)
+
+
+def run_server_method(args, method: str, records: list[dict], prompts: list[list[int]], params: dict,
+                      reference: dict[str, dict]) -> list[dict]:
+    """:func:`run_method` against ``vllm serve`` (``--serve-lora``), timed at the client, one request at a time."""
+    import subprocess
+    import urllib.request
+
+    from ooospec.runtime.sidecar_process import free_port, health
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(Path(args.out).with_suffix(f".{method}.server.log"), "w")   # noqa: SIM115 - closed below
+    proc = subprocess.Popen(server_command(args, method, port), stdout=log, stderr=subprocess.STDOUT)
+
+    def post(ids: list[int], record: dict, max_tokens: int) -> dict:
+        ref = reference.get(record["id"], {})
+        body = {"model": args.model_dir, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "stop": params["stop"], "stop_token_ids": params["stop_token_ids"],
+                "include_stop_str_in_output": True, "skip_special_tokens": False, "return_token_ids": True,
+                "vllm_xargs": request_xargs(method, record, ref.get("text")) or None}
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=600).read())["choices"][0]
+
+    rows = []
+    try:
+        deadline = time.time() + 900
+        while health(url) is None:
+            if proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"vllm-bench: the {method} server did not start; see {log.name}")
+            time.sleep(1)
+        post(prompts[0], records[0], 16)
+        for record, ids in zip(records, prompts):
+            before = scrape_counters(url)
+            t = time.perf_counter()
+            choice = post(ids, record, params["max_tokens"])
+            wall = time.perf_counter() - t
+            wait_idle(url)        # the sidecar's wave (ooospec) may still run: let it finish, untimed
+            after = scrape_counters(url)
+            tokens = list(choice.get("token_ids") or [])
+            accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
+            rows.append({"record_id": record["id"], "method": method, "prompt_len": len(ids), "time_s": wall,
+                         "new_tokens": len(tokens), "tokens": tokens, "text": choice["text"],
+                         "drafts": int(after[COUNTERS[0]] - before[COUNTERS[0]]),
+                         "draft_tokens": int(after[COUNTERS[1]] - before[COUNTERS[1]]),
+                         "accepted": accepted, "forwards": max(len(tokens) - accepted, 1), "served": True})
+            print(f"[vllm-bench] served {method} {record['id']}: {wall:.2f}s, {len(tokens)} tokens, "
+                  f"{accepted} accepted", file=sys.stderr)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return rows
