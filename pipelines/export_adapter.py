@@ -13,9 +13,8 @@
 Run as a stage, or by hand with a push (HF_TOKEN from the environment; it is never printed or logged)::
 
     python -m ooospec.pipelines.export_adapter models/sidecar export/sidecar-adapter --metrics-dir metrics
-    python -m ooospec.pipelines.export_adapter models/sidecar-full adapters/sidecar --metrics-dir metrics \
+    python -m ooospec.pipelines.export_adapter models/sidecar-full models/sidecar-full/hub --metrics-dir metrics \
         --metrics train_sidecar=RUN.train.json --metrics eval_sidecar=RUN.heldout.json   # pipelines/full/dvc.yaml
-    ooospec export runs/full-smollm2 adapters/sidecar --metrics-dir runs/full-smollm2.metrics   # the shipped one
     HF_TOKEN=... ooospec export --push you/ooo-spec-sidecar
 
 Without a token, or when the Hub cannot be reached, the push prints ONE line saying so and exits with
