@@ -100,7 +100,10 @@ def exp_command(overrides: Mapping) -> str:
 FULL_PARAMS = "eval/transfer_full.yaml"
 WARM_PARAMS = "eval/transfer_warm.yaml"     # the full matrix with a warm toolbox (warm_tools: true)
 WARM_QWEN_PARAMS = "eval/transfer_warm_qwen.yaml"   # the same on the two Qwen targets (same folders, same cells)
-NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm", WARM_QWEN_PARAMS: "warm"}
+SIDECAR_GOLD_PARAMS = "eval/transfer_sidecar_gold.yaml"       # issue 33: which sidecar to ship, the gold-trained one
+SIDECAR_TEACHER_PARAMS = "eval/transfer_sidecar_teacher.yaml"   # ... and the teacher-trained one, same requests
+NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm", WARM_QWEN_PARAMS: "warm",
+              SIDECAR_GOLD_PARAMS: "sidecar-gold", SIDECAR_TEACHER_PARAMS: "sidecar-teacher"}
 
 
 def named_command(params_file: str) -> str:

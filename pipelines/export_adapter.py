@@ -207,8 +207,12 @@ call, result = Sidecar.from_adapter("<this folder>").predict(messages, tools)   
 """
 
 
-def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict]) -> str:
-    """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body."""
+def model_card(params: ExportAdapterParams, recipe: dict, train_params: dict, metrics: dict[str, dict],
+               notes: str = "") -> str:
+    """README.md text: YAML front matter (base_model, library_name: peft, license, tags) then the card body;
+    ``notes`` (markdown: why this adapter ships, what it was compared with) become the card's section after the
+    introduction."""
+    why = f"## Why this adapter\n\n{notes.strip()}\n\n" if notes.strip() else ""
     base_id = recipe.get("base_model_id") or recipe["base"]
     front = yaml.safe_dump({"base_model": base_id, "library_name": "peft", "license": params.license,
                             "pipeline_tag": "text-generation", "tags": list(params.tags)}, sort_keys=False)
@@ -224,7 +228,7 @@ and the compact-JSON value of every argument slot of every tool (`argument`, `nu
 is not the one called); the runtime joins them into a hint that the target model verifies. The
 adapter only drafts: the target stays the sole verifier, so outputs equal the target's greedy output.
 
-## Base model
+{why}## Base model
 
 `{base_id}` (loaded as `{recipe['base']}`; frozen weights `{recipe['dtype']}`, bf16 autocast
 `{recipe.get('autocast')}`: bf16 where the CPU/GPU multiplies it natively).
@@ -258,10 +262,12 @@ The adapter itself is released under {params.license}.
 # ------------------------------------------------------------------------------------------- export
 
 def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-        metrics_dir: str | os.PathLike = "metrics", metrics_files: dict[str, Path] | None = None) -> Path:
+        metrics_dir: str | os.PathLike = "metrics", metrics_files: dict[str, Path] | None = None,
+        card_notes: str | os.PathLike | None = None) -> Path:
     """Build the Hub folder ``out_dir`` from a train_sidecar output ``model_dir``; return ``out_dir``.
 
-    The card's metrics come from ``metrics_dir/<stage>.json``, or from ``metrics_files[stage]`` where given.
+    The card's metrics come from ``metrics_dir/<stage>.json``, or from ``metrics_files[stage]`` where given;
+    ``card_notes`` is a markdown file whose text becomes the card's "Why this adapter" section.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     adapter = model_dir / "adapter"
@@ -285,7 +291,8 @@ def run(params: ExportAdapterParams, model_dir: str | os.PathLike, out_dir: str 
     atomic_write_text(tmp / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
     write_json(tmp / "params.json", {**train_params, "export_adapter": as_dict(params)})
     metrics = read_metrics(Path(metrics_dir), metrics_files)
-    card = model_card(params, recipe, train_params.get("train_sidecar", {}), metrics)
+    notes = Path(card_notes).read_text(encoding="utf-8") if card_notes else ""
+    card = model_card(params, recipe, train_params.get("train_sidecar", {}), metrics, notes)
     atomic_write_text(tmp / "README.md", card)
     for f in tmp.iterdir():
         f.chmod(0o644)  # atomic writes create 0600 files; a Hub folder is meant to be read
@@ -342,6 +349,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", action="append", default=[], metavar="STAGE=FILE",
                         help="read STAGE's metrics from FILE instead of the metrics dir (repeatable), "
                              "e.g. eval_sidecar=runs/heldout.json")
+    parser.add_argument("--card-notes", default=None, metavar="FILE",
+                        help="markdown for the card's 'Why this adapter' section (e.g. the shipping decision)")
     parser.add_argument("--params", default="params.yaml", help="params file (section export_adapter)")
     parser.add_argument("--push", metavar="REPO_ID", default=None, help="upload to this Hub model repo (HF_TOKEN)")
     parser.add_argument("--private", action="store_true", help="create the Hub repo as private")
@@ -357,7 +366,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit(f"export: --metrics {spec!r}: expected STAGE=FILE")
         files[stage] = Path(path)
     if (Path(args.model_dir) / "adapter").is_dir():
-        out = run(params, args.model_dir, args.out_dir, args.metrics_dir, files)
+        out = run(params, args.model_dir, args.out_dir, args.metrics_dir, files, args.card_notes)
         print(f"export: wrote {out}")
     elif not (args.push and (Path(args.out_dir) / "adapter_config.json").is_file()):
         print(f"export: no trained adapter in {args.model_dir}/adapter; run `dvc repro train_sidecar` first",

@@ -52,7 +52,8 @@ def trained(tmp_path_factory):
         logits = model(input_ids=probe).logits
     out = ex.run(ex.ExportAdapterParams(weights_dtype="fp32"), model_dir, tmp / "export" / "sidecar-adapter", metrics)
     half = ex.run(ex.ExportAdapterParams(), model_dir, tmp / "export" / "bf16", metrics)
-    return {"out": out, "half": half, "base": base, "probe": probe, "logits": logits, "recipe": recipe}
+    return {"out": out, "half": half, "base": base, "probe": probe, "logits": logits, "recipe": recipe,
+            "model_dir": model_dir, "metrics": metrics}
 
 
 def test_export_reloads_and_reproduces_the_trained_logits(trained):
@@ -111,6 +112,17 @@ def test_model_card_front_matter_and_sections(trained):
                    "| joined call exact match (the hint) | 20.0% |", "Sidecar.from_adapter",
                    "1 thread(s), fp32) | 12.5 / 20.0 ms (4 queries per wave)", "lora_r: 4", "prompt layout\n2"):
         assert needle in text, needle
+    assert "## Why this adapter" not in text          # no --card-notes: no such section
+
+
+def test_card_notes_become_the_why_section(trained, tmp_path):
+    notes = tmp_path / "why.md"
+    notes.write_text("Shipped over the teacher-trained adapter: more hint tokens accepted.\n")
+    out = ex.run(ex.ExportAdapterParams(weights_dtype="fp32"), trained["model_dir"], tmp_path / "hub",
+                 trained["metrics"], card_notes=notes)
+    text = (out / "README.md").read_text()
+    why = text.index("## Why this adapter\n\nShipped over the teacher-trained adapter")
+    assert text.index("semantic sidecar") < why < text.index("## Base model")
 
 
 def test_push_without_token_keeps_folder_and_says_so(trained, monkeypatch, capsys):
