@@ -100,8 +100,10 @@ def compare_cells(runs: Mapping[str, Mapping]) -> list[dict]:
         first = next(c[key] for c in cells.values())
         ceiling = next((c[key] for c in cells.values() if ORACLE_METHOD in c[key]["methods"]), first)
         row = {"target": key[0], "benchmark": key[1], "n": len(next(iter(ids.values()))),
-               "hint_tokens": {"oracle": hint_tokens(ceiling, ORACLE_METHOD), "gold": hint_tokens(ceiling, GOLD_METHOD)},
-               "mat": {TOOLSPEC: method_stat(ceiling, TOOLSPEC, "mat"), "oracle": method_stat(ceiling, ORACLE_METHOD, "mat"),
+               "hint_tokens": {"oracle": hint_tokens(ceiling, ORACLE_METHOD),
+                               "gold": hint_tokens(ceiling, GOLD_METHOD)},
+               "mat": {TOOLSPEC: method_stat(ceiling, TOOLSPEC, "mat"),
+                       "oracle": method_stat(ceiling, ORACLE_METHOD, "mat"),
                        "gold": method_stat(ceiling, GOLD_METHOD, "mat")},
                "agreement": {}, "gold_rate": {}, "speedup": {}, "defects": 0, "near_ties": 0, "accepted": {}}
         for label, c in cells.items():
@@ -144,8 +146,9 @@ def verdict(rows: Sequence[Mapping], labels: Sequence[str]) -> dict:
     """The adapter with more hint tokens accepted per request (request-weighted over every cell), #MAT breaking a
     tie (within 0.5 tokens per request); with per-cell wins and, for two adapters, the paired difference."""
     def per_request(label):
-        n = sum(r["n"] for r in rows if r["hint_tokens"][label] is not None)
-        return sum(r["hint_tokens"][label] * r["n"] for r in rows if r["hint_tokens"][label] is not None) / n if n else 0.0
+        measured = [r for r in rows if r["hint_tokens"][label] is not None]
+        n = sum(r["n"] for r in measured)
+        return sum(r["hint_tokens"][label] * r["n"] for r in measured) / n if n else 0.0
 
     tokens = {label: per_request(label) for label in labels}
     mat = {label: _mean([r["mat"][label] for r in rows]) or 0.0 for label in labels}
@@ -223,10 +226,10 @@ def render(runs: Mapping[str, Mapping], quality: Mapping[str, Mapping[str, dict]
     lines = [
         "# Which sidecar to ship: " + " vs ".join(labels), "",
         f"Regenerate: `{command}`", "",
-        f"Targets x benchmarks: {len(rows)} cells, {rows[0]['n'] if rows else 0} requests each (the first by id), "
-        f"on {machine.get('cpu', '?')}, {machine.get('threads', '?')} threads, {machine.get('dtype', '?')}. Every wave "
-        "in full, the target decoding once it is ready (`wave-first`), so hint counts and #MAT do not depend on "
-        "timing; `ooospec vs ar` includes the wave.", "",
+        (f"Targets x benchmarks: {len(rows)} cells, {rows[0]['n'] if rows else 0} requests each (the first by id), "
+         f"on {machine.get('cpu', '?')}, {machine.get('threads', '?')} threads, {machine.get('dtype', '?')}. Every "
+         "wave in full, the target decoding once it is ready (`wave-first`), so hint counts and #MAT do not depend "
+         "on timing; `ooospec vs ar` includes the wave."), "",
         f"**Verdict (computed): {v['winner']}** — hint tokens accepted per request over every cell: "
         + ", ".join(f"{lb} {v['hint_tokens_per_request'][lb]:.1f}" for lb in labels)
         + "; mean #MAT: " + ", ".join(f"{lb} {v['mean_mat'][lb]:.2f}" for lb in labels)

@@ -80,7 +80,8 @@ def test_cli_writes_markdown_and_json_with_quality(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps(gold))
     (tmp_path / "t.json").write_text(json.dumps(teacher))
     ev = {"requests": 3, "cpu": "AMD EPYC", "dtype": "bf16", "function_index": {"accuracy": 0.5},
-          "argument": {"exact_match_non_null": 0.25}, "joined": {"exact_match": 0.75}, "direct_call": {"exact_match": 1.0},
+          "argument": {"exact_match_non_null": 0.25}, "joined": {"exact_match": 0.75},
+          "direct_call": {"exact_match": 1.0},
           "latency": {"threads": 2, "wave": {"median_ms": 830.0}}}
     (tmp_path / "T.heldout.json").write_text(json.dumps(ev))       # the teacher's own heldout
     (tmp_path / "T.gold-heldout.json").write_text(json.dumps({**ev, "requests": 7}))
@@ -90,7 +91,8 @@ def test_cli_writes_markdown_and_json_with_quality(tmp_path):
     assert sc.main(["--run", f"G={tmp_path / 'g.json'}", "--run", f"T={tmp_path / 't.json'}",
                     "--quality", f"T={tmp_path / 'T'},teacher", "--out", str(out)]) == 0
     md = out.read_text()
-    assert "**Verdict (computed): T**" in md and "| teacher heldout | T | 3 | 50.0% | 25.0% | 75.0% | 100.0% | 0.83 |" in md
+    assert "**Verdict (computed): T**" in md
+    assert "| teacher heldout | T | 3 | 50.0% | 25.0% | 75.0% | 100.0% | 0.83 |" in md
     assert "| gold heldout | T | 7 |" in md
     assert "zero-shot apibank-l1" in md and "train" not in md.split("## Quality")[1]
     assert json.loads(out.with_suffix(".json").read_text())["verdict"]["winner"] == "T"
