@@ -34,12 +34,14 @@ from pathlib import Path
 
 from ooospec.pipelines.params import module_main
 from ooospec.reporting import fmt_cell, md_table
+from ooospec.runtime.calls import canonical_json
 from ooospec.runtime.methods import BASELINE, OOOSPEC, TOOLSPEC, hint_method
+from ooospec.runtime.metrics import bootstrap_median_ci
 
 ORACLE_METHOD, GOLD_METHOD = hint_method("oracle"), hint_method("gold")
 # (file suffix of an eval_sidecar run, the set it names); ``heldout`` is the adapter's own (``--quality``'s ,SET)
 QUALITY_SETS = (("gold-heldout", "gold heldout"), ("teacher-heldout", "teacher heldout"))
-BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+BOOTSTRAP_SEED = 0
 QUALITY_COLUMNS = (("function acc", lambda e: e["function_index"]["accuracy"], "{:.1%}"),
                    ("arg EM non-null", lambda e: e["argument"]["exact_match_non_null"], "{:.1%}"),
                    ("joined call EM", lambda e: (e.get("joined") or {}).get("exact_match"), "{:.1%}"),
@@ -49,9 +51,7 @@ QUALITY_COLUMNS = (("function acc", lambda e: e["function_index"]["accuracy"], "
 
 def same_call(a: Mapping | None, b: Mapping | None) -> bool:
     """Two parsed calls are the same call (name and arguments, key order ignored); None equals nothing."""
-    def canon(c):
-        return json.dumps(c, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return a is not None and b is not None and canon(a) == canon(b)
+    return a is not None and b is not None and canonical_json(a) == canonical_json(b)
 
 
 def cells_of(run: Mapping) -> dict[tuple[str, str], Mapping]:
@@ -126,20 +126,15 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def paired_difference(rows: Sequence[Mapping], a: str, b: str, resamples: int = BOOTSTRAP_RESAMPLES,
-                      seed: int = BOOTSTRAP_SEED) -> dict:
+def paired_difference(rows: Sequence[Mapping], a: str, b: str) -> dict:
     """Hint tokens accepted by ``b`` minus ``a``, paired per (target, request): mean and a percentile bootstrap 95%
-    interval over the pairs (seeded, so the report is reproducible)."""
-    import random
-
+    interval of the mean over the pairs (runtime/metrics.py's, seeded, so the report is reproducible)."""
     diffs = [r["accepted"][b][i] - r["accepted"][a][i] for r in rows for i in sorted(r["accepted"][a])
              if i in r["accepted"][b]]
     if not diffs:
         return {"pairs": 0, "mean": None, "ci95": None}
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(resamples))
-    return {"pairs": len(diffs), "mean": statistics.fmean(diffs),
-            "ci95": [means[int(0.025 * (resamples - 1))], means[int(0.975 * (resamples - 1))]]}
+    ci = bootstrap_median_ci(diffs, seed=BOOTSTRAP_SEED, statistic=statistics.fmean)
+    return {"pairs": len(diffs), "mean": statistics.fmean(diffs), "ci95": list(ci)}
 
 
 def verdict(rows: Sequence[Mapping], labels: Sequence[str]) -> dict:

@@ -37,7 +37,7 @@ import math
 import random
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:   # annotations only: the metrics stay importable without torch (pipelines use them)
@@ -173,11 +173,13 @@ def nearest_rank(values: Sequence[float], q: float) -> float:
 
 
 def bootstrap_median_ci(values: Sequence[float], *, seed: int, num_resamples: int = 2000,
-                        level: float = 0.95) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the median of ``values`` (e.g. per-example speedup ratios).
+                        level: float = 0.95, statistic: Callable[[list[float]], float] = statistics.median
+                        ) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of ``values`` (e.g. per-example speedup ratios), or of another
+    ``statistic`` (``statistics.fmean``: the mean of paired differences).
 
     ``num_resamples`` times, draw ``len(values)`` values with replacement (``random.Random(seed)``, so the same
-    seed gives the same interval) and take their median; the interval is the ``(1 - level) / 2`` and
+    seed gives the same interval) and take their median (the statistic); the interval is the ``(1 - level) / 2`` and
     ``(1 + level) / 2`` quantiles of those medians (nearest rank: with 2000 resamples at 95%, the 51st and the
     1950th smallest). With few examples the interval is wide and coarse: that is the honest answer.
 
@@ -196,7 +198,7 @@ def bootstrap_median_ci(values: Sequence[float], *, seed: int, num_resamples: in
         raise ValueError(f"num_resamples must be >= 1, got {num_resamples}")
     rng = random.Random(seed)
     values = list(values)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(num_resamples))
+    medians = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(num_resamples))
     lo = medians[math.floor((1.0 - level) / 2.0 * num_resamples)]
     hi = medians[max(math.ceil((1.0 + level) / 2.0 * num_resamples) - 1, 0)]
     return lo, hi

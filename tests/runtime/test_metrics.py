@@ -26,6 +26,13 @@ def test_bootstrap_is_seeded_and_brackets_the_median():
     assert min(values) <= lo and hi <= max(values)
 
 
+def test_bootstrap_of_another_statistic_brackets_it():
+    values = [0.0, 0.0, 0.0, 0.0, 10.0, 10.0, 30.0]        # median 0, mean 7.14: the intervals differ
+    lo, hi = M.bootstrap_median_ci(values, seed=0, statistic=statistics.fmean)
+    assert lo <= statistics.fmean(values) <= hi and lo > 0.0
+    assert M.bootstrap_median_ci(values, seed=0)[0] == 0.0
+
+
 def test_bootstrap_of_identical_values_is_a_point():
     assert M.bootstrap_median_ci([1.5] * 6, seed=0) == (1.5, 1.5)
 
