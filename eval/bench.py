@@ -26,6 +26,10 @@ their own, so one run can compare them with the sidecar::
 
     ooospec bench --target qwen2.5-coder-0.5b --dataset apibank-l1 --methods ar,ooospec,ooospec-gold,ooospec-oracle
 
+``--sidecar-wave function-first`` (``--sidecar-top-k``, ``--sidecar-min-prob``) has the sidecar client ask the
+index query first and then only the candidate tools' argument queries (:mod:`ooospec.runtime.sidecar_waves`); each
+row's ``hints`` then carries ``index_s`` (stage 1), ``early_s`` (the early bank, from arrival) and ``functions``.
+
 ``--out`` is rewritten after every example with ``"partial": true`` (the rows so far and their summary), and a
 last time with ``"partial": false``; a run that is stopped early keeps what it measured.
 """
@@ -50,6 +54,7 @@ from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import deployments, hardware, methods
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
+from ooospec.runtime.sidecar_waves import WAVE_MODES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,6 +115,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"cost, cut to the queries that pay (runtime/wave_gate.py), starting from the prior of the "
                         f"--sidecar-deploy deployment (the bench places the sidecar, so the deployment is known); "
                         f"{deployments.GATE_OFF}: always the full wave")
+    g.add_argument("--sidecar-wave", choices=WAVE_MODES, default="all",
+                   help="all: one wave of every query; function-first: the index query, then only the candidate "
+                        "tools' argument queries (runtime/sidecar_waves.py)")
+    g.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: candidate tools at most")
+    g.add_argument("--sidecar-min-prob", type=float, default=0.1,
+                   help="function-first: probability a candidate besides the greedy one needs")
 
 
 def default_out(target: str, dataset: str) -> Path:
@@ -122,7 +133,8 @@ def hint_options(args: argparse.Namespace) -> HintOptions:
     return HintOptions(source=args.hints, sidecar_url=args.sidecar_url, sidecar_model=args.sidecar_model,
                        sidecar_adapter=args.sidecar_adapter, sidecar_deploy=args.sidecar_deploy,
                        sidecar_gate=args.sidecar_gate == deployments.GATE_ON, dtype=args.dtype,
-                       warm_tools=args.warm_tools)
+                       warm_tools=args.warm_tools, sidecar_wave=args.sidecar_wave, sidecar_top_k=args.sidecar_top_k,
+                       sidecar_min_prob=args.sidecar_min_prob)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -198,7 +210,8 @@ def _run_with(args, names, records, out, threads, dtype, backend, gguf, model, t
               "pld_tokens": args.pld_tokens, "warmup": args.warmup, "warm_tools": args.warm_tools,
               "hints": args.hints if methods.uses_sidecar(names) else None,
               "sidecar": ({"url": args.sidecar_url, "adapter": args.sidecar_adapter, "deployment": args.sidecar_deploy,
-                           "gate": args.sidecar_gate}
+                           "gate": args.sidecar_gate, "wave": args.sidecar_wave, "top_k": args.sidecar_top_k,
+                           "min_prob": args.sidecar_min_prob}
                           if methods.uses_sidecar(names) and args.hints == methods.SIDECAR else None)}
     t0 = time.perf_counter()
 

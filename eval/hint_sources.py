@@ -22,6 +22,7 @@ from ooospec.runtime import methods
 from ooospec.runtime.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
 from ooospec.runtime.methods import SIDECAR
 from ooospec.runtime.paths import sidecar_adapter_dir
+from ooospec.runtime.sidecar_waves import check_wave_options
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class HintOptions:
     :class:`~ooospec.runtime.wave_gate.WaveGate` from the deployment's prior); False: always the full wave.
     ``warm_tools``: the bench's ``--warm-tools``: the started server keeps block KV across waves and each
     request's toolbox is prefilled before its clock starts; False (cold): the started server keeps none.
+    ``sidecar_wave``, ``sidecar_top_k``, ``sidecar_min_prob``: the client's wave mode (``all``, or
+    ``function-first``: the index query, then only the candidate tools' argument queries;
+    :mod:`~ooospec.runtime.sidecar_waves`) and its candidates.
     """
 
     source: str = SIDECAR
@@ -47,11 +51,15 @@ class HintOptions:
     sidecar_gate: bool = False
     dtype: str = "auto"
     warm_tools: bool = False
+    sidecar_wave: str = "all"
+    sidecar_top_k: int = 2
+    sidecar_min_prob: float = 0.1
 
     def __post_init__(self):
         if self.source not in methods.HINT_SOURCES:
             raise ValueError(f"hint source {self.source!r}: expected one of {list(methods.HINT_SOURCES)}")
         get_deployment(self.sidecar_deploy, BENCH_DEPLOYMENTS)   # ValueError naming the ones the bench can place
+        check_wave_options(self.sidecar_wave, self.sidecar_top_k, self.sidecar_min_prob)
 
 
 def start_hints(options: HintOptions, bench_threads: int):
@@ -78,7 +86,9 @@ def start_hints(options: HintOptions, bench_threads: int):
         proc = launch_sidecar(options.sidecar_adapter, threads=server_threads, cpus=cpus, dtype=options.dtype,
                               prefix_cache_tokens=None if options.warm_tools else 0)
         url = proc.url
-    hints = SidecarHints(SidecarClient(url, model=options.sidecar_model), deploy, bench_threads)
+    client = SidecarClient(url, model=options.sidecar_model, wave=options.sidecar_wave, top_k=options.sidecar_top_k,
+                           min_prob=options.sidecar_min_prob)
+    hints = SidecarHints(client, deploy, bench_threads)
     if options.sidecar_gate:
         from ooospec.runtime.wave_gate import WaveGate
 

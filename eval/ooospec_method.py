@@ -145,6 +145,57 @@ class OracleHints(TimeZeroHints):
 TIME_ZERO_HINTS: dict[str, type[TimeZeroHints]] = {h.name: h for h in (GoldHints, OracleHints)}
 
 
+class ReleasedGuess:
+    """``dedicated`` (an EMULATION of the sidecar on a device of its own, as fast as this CPU): the wave ran alone
+    (:meth:`after_alone`: nothing else ran while it did), and each bank it produced -- the early one of a
+    function-first wave, then the final one -- is released to the target at the latency it had then, counted
+    from the target's start. A :class:`~ooospec.runtime.hints.CallGuess` delegating to the finished request."""
+
+    def __init__(self, req, schedule: Sequence[tuple[float, HintBank]], final_s: float | None):
+        self.req, self.schedule, self.final_s = req, list(schedule), final_s
+        self.start = time.perf_counter()
+
+    @classmethod
+    def after_alone(cls, req, arrival: float, timeout: float = WAVE_FIRST_TIMEOUT_S) -> ReleasedGuess:
+        """Wait for ``req`` (polled every half millisecond), noting when each distinct bank appeared."""
+        schedule: list[tuple[float, HintBank]] = []
+        deadline = arrival + timeout
+        while time.perf_counter() < deadline:
+            done = req.done                  # read first: a bank polled after done is the last
+            bank = req.poll()
+            if bank is not None and (not schedule or bank is not schedule[-1][1]):
+                schedule.append((time.perf_counter() - arrival, bank))
+            if done:
+                break
+            time.sleep(0.0005)
+        final = schedule[-1][0] if schedule and req.done else None
+        return cls(req, schedule, final)
+
+    @property
+    def done(self) -> bool:
+        return self.final_s is None or time.perf_counter() - self.start >= self.final_s
+
+    def poll(self) -> HintBank | None:
+        now = time.perf_counter() - self.start
+        released = [bank for t, bank in self.schedule if t <= now]
+        return released[-1] if released else None
+
+    def wait_call(self, timeout: float) -> dict | None:
+        return self.req.wait_call(timeout)
+
+    def cancel(self) -> None:
+        self.req.cancel()
+
+    def report(self, result, hint_stats, calls: Sequence = ()) -> dict | None:
+        return self.req.report(result, hint_stats, calls)
+
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        self.req.observe_tool(tool_s, hit)
+
+    def stats(self):
+        return self.req.stats()
+
+
 class SidecarHints:
     """Hints from a running sidecar server, deployed as ``deploy`` next to a bench running ``bench_threads``.
 
@@ -181,6 +232,8 @@ class SidecarHints:
             rest = set(all_cores[:-1])
             os.sched_setaffinity(0, rest)
             torch.set_num_threads(len(rest))
+        if self.deploy.emulated:
+            return ReleasedGuess.after_alone(req, arrival)
         if self.deploy.target_waits:
             req.wait_call(WAVE_FIRST_TIMEOUT_S)
         return req
@@ -193,6 +246,8 @@ class SidecarHints:
             os.sched_setaffinity(0, cpus)
             torch.set_num_threads(threads)
             self._restore = None
+        released = req if isinstance(req, ReleasedGuess) else None     # dedicated: the emulation's schedule
+        req = req.req if released is not None else req
         req.cancel()
         hint_stats = drafter.stats(result)
         hint = hint_stats.to_dict()
@@ -209,9 +264,12 @@ class SidecarHints:
 
         return {**hint, "source": self.name, "deployment": self.deploy.name,
                 "submit_s": rel(st.submit_t), "ready_s": rel(st.ready_t), "wave_s": st.wave_s,
+                "early_s": rel(st.early_t), "index_s": st.index_s, "functions": st.functions,
                 "n_queries": st.n_queries, "payload_bytes": st.payload_bytes, "response_bytes": st.response_bytes,
                 "error": st.error, "call": st.call, "server": st.server,
-                "target_sidecar_s": st.build_s + hint["match_s"], "wave": wave}
+                "target_sidecar_s": st.build_s + hint["match_s"], "wave": wave,
+                "emulated": self.deploy.emulated,
+                "released_s": None if released is None else [round(t, 4) for t, _ in released.schedule]}
 
 
 def summarize_hints(rows: Sequence[dict]) -> dict | None:

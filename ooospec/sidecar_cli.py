@@ -1,22 +1,31 @@
 """``ooospec sidecar``: serve the sidecar over HTTP, or predict calls for a dataset offline.
 
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
-                          [--prefix-cache-tokens 16384] [--no-calibrate]
+                          [--prefix-cache-tokens 16384] [--no-calibrate] [--engine transformers|llama.cpp]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
-                            [--prefix-cache-tokens N [--warm-tools]]
+                            [--prefix-cache-tokens N [--warm-tools]] [--engine transformers|llama.cpp]
+                            [--wave all|function-first [--top-k 2] [--min-prob 0.1]]
 
 ``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`).
 ``predict`` writes one JSON object per record, in input order::
 
     {"id": ..., "call": {"name", "arguments"} | null, "direct_call": {"name", "arguments"} | null,
-     "wave_s": ..., "prefill_s": ..., "decode_s": ..., "n_queries": ..., "block_tokens": ..., "cached_tokens": ...}
+     "wave_s": ..., "prefill_s": ..., "decode_s": ..., "n_queries": ..., "block_tokens": ..., "cached_tokens": ...,
+     "index_s": ... | null, "functions": [...] | null, "answers": {"index": "0", "get_weather.city": ..., "call": ...}}
 
 where ``call`` joins the index and argument answers and ``direct_call`` is the direct-call answer, each validated
-against the tools' schemas (invalid arguments dropped), and the wave is the one-pass wave of all the record's
-queries (the direct-call query included). Every ``--dataset`` line must be a valid record
-(:func:`ooospec.pipelines.records.load_records`); a bad one stops the command with ``file:line``, the reason and
-the field, before any prediction is written. A benchmark name means ``<name>.jsonl`` in ``--benchmark-dir``
-(default ``data/dedupe/eval`` under the working directory).
+against the tools' schemas (invalid arguments dropped), and ``answers`` holds every raw answer by query name. With
+``--wave all`` (the default) the wave is the one-pass wave of all the record's queries (the direct-call query
+included; ``index_s`` and ``functions`` null). With ``--wave function-first`` (:mod:`ooospec.runtime.sidecar_waves`)
+it is two waves on the same block: the index query (``index_s`` its seconds; with ``--top-k`` > 1 the first
+token's top logprobs add candidates of at least ``--min-prob``, listed in ``functions``, greedy first), then the
+candidates' argument queries and the direct-call query; ``call`` is the greedy candidate's, and the timings, query
+and token counts are both waves' sums (without ``--prefix-cache-tokens`` the second wave prefills the block
+again). ``--engine`` picks the sidecar's backend (:meth:`~ooospec.runtime.sidecar.Sidecar.from_adapter`).
+
+Every ``--dataset`` line must be a valid record (:func:`ooospec.pipelines.records.load_records`); a bad one stops
+the command with ``file:line``, the reason and the field, before any prediction is written. A benchmark name
+means ``<name>.jsonl`` in ``--benchmark-dir`` (default ``data/dedupe/eval`` under the working directory).
 
 What a wave costs where toolboxes repeat: ``--prefix-cache-tokens N`` keeps the block KV across records (as the
 server does), and ``--warm-tools`` prefills each record's toolbox (its block with the leading system messages
@@ -32,30 +41,73 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime import sidecar_waves as sw
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
+from ooospec.runtime.wave_gate import query_name
+
+ENGINES = ("transformers", "llama.cpp")    # the sidecar's backends (Sidecar.from_adapter(engine=...))
 
 
-def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = False) -> Iterator[dict]:
+def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = False, wave: str = "all",
+                    top_k: int = 2, min_prob: float = 0.1) -> Iterator[dict]:
     """One prediction row per record (see the module docstring); ``sidecar`` is a loaded
     :class:`~ooospec.runtime.sidecar.Sidecar` (waves in its adapter's layout). The record's first call is predicted
-    (no prior calls). ``warm_tools``: prefill each record's toolbox into the sidecar's prefix cache first."""
-    from ooospec.runtime import sidecar_prompts as sp
-
+    (no prior calls). ``warm_tools``: prefill each record's toolbox into the sidecar's prefix cache first.
+    ``wave``: ``"all"`` or ``"function-first"`` (with ``top_k`` candidate tools of at least ``min_prob``)."""
     for rec in records:
         layout = getattr(sidecar, "layout", sp.LAYOUT_VERSION)    # the adapter's layout
         if warm_tools:
             sidecar.prefill(sp.shared_block(sp.toolbox_messages(rec["messages"]), rec["tools"], layout=layout))
-        wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True, layout=layout)
-        result = sidecar.answer(wave)
-        call = sp.join_answers(rec["tools"], wave, result.answers)
-        direct_text = next(a for q, a in zip(wave.queries, result.answers) if q.form == "direct_call")
-        yield {"id": rec.get("id"),
-               "call": None if call is None else {"name": call["name"], "arguments": call["arguments"]},
-               # the direct call stands on its own, even when the index answer is unusable
-               "direct_call": sp.checked_direct_call(rec["tools"], direct_text),
-               "wave_s": result.wave_s, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
-               "n_queries": len(wave.queries), "block_tokens": result.block_tokens,
-               "cached_tokens": result.cached_tokens}
+        if wave == "function-first":
+            yield _predict_function_first(sidecar, rec, layout, top_k, min_prob)
+        else:
+            yield _predict_all(sidecar, rec, layout)
+
+
+def _row(rec: Mapping, call: dict | None, direct_text: str, results: list, waves: list, **extra) -> dict:
+    """A prediction row from the record's waves and their results (timings and counts added up)."""
+    def total(name: str):
+        return sum(getattr(r, name) for r in results)
+
+    return {"id": rec.get("id"),
+            "call": None if call is None else {"name": call["name"], "arguments": call["arguments"]},
+            # the direct call stands on its own, even when the index answer is unusable
+            "direct_call": sp.checked_direct_call(rec["tools"], direct_text),
+            "wave_s": total("wave_s"), "prefill_s": total("prefill_s"), "decode_s": total("decode_s"),
+            "n_queries": sum(len(w.queries) for w in waves), "block_tokens": total("block_tokens"),
+            "cached_tokens": total("cached_tokens"), "index_s": None, "functions": None, **extra,
+            "answers": {query_name(q): a for w, r in zip(waves, results) for q, a in zip(w.queries, r.answers)}}
+
+
+def _predict_all(sidecar, rec: Mapping, layout: int) -> dict:
+    """The one-pass wave of every query, the direct call included."""
+    wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True, layout=layout)
+    result = sidecar.answer(wave)
+    call = sp.join_answers(rec["tools"], wave, result.answers)
+    direct_text = next(a for q, a in zip(wave.queries, result.answers) if q.form == "direct_call")
+    return _row(rec, call, direct_text, [result], [wave])
+
+
+def _predict_function_first(sidecar, rec: Mapping, layout: int, top_k: int, min_prob: float) -> dict:
+    """The index wave, then the candidates' argument queries and the direct-call query on the same block."""
+    tools = rec["tools"]
+    first = sw.index_wave(rec["messages"], tools, layout=layout)
+    index = sidecar.answer(first, logprobs=sw.TOP_LOGPROBS if top_k > 1 else 0,
+                           max_new_tokens=sw.index_tokens(len(tools)))
+    top = index.top_logprobs    # per query, per generated token: token text -> logprob
+    try:
+        alternatives = top[0][0] if top_k > 1 else None
+    except (TypeError, LookupError):
+        alternatives = None
+    candidates = sw.function_candidates(index.answers[0], alternatives, len(tools), top_k=top_k, min_prob=min_prob)
+    functions = [name for name in (sp.tool_name(tools[i]) for i in candidates) if name is not None]
+    second = sw.argument_wave(rec["messages"], tools, functions, with_direct_call=True, layout=layout)
+    result = sidecar.answer(second)
+    calls = sw.join_function_first(tools, candidates, second, result.answers)
+    direct_text = next(a for q, a in zip(second.queries, result.answers) if q.form == "direct_call")
+    return _row(rec, calls[0] if calls else None, direct_text, [index, result], [first, second],
+                index_s=index.wave_s, functions=functions)
 
 
 def _cpus(text: str) -> list[int]:
@@ -74,6 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
         p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                        help="sidecar weights (auto: bf16 where the CPU multiplies it natively, else fp32)")
+        p.add_argument("--engine", default="transformers", choices=ENGINES, help="the sidecar's backend")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument("--cpus", type=_cpus, default=None, help="pin the server to these cores, e.g. 1 or 0,1")
@@ -96,6 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="keep block KV across records, in tokens (as the server does; default 0 = off)")
     predict.add_argument("--warm-tools", action="store_true",
                          help="prefill each record's toolbox before its wave, untimed (needs --prefix-cache-tokens)")
+    predict.add_argument("--wave", default="all", choices=sw.WAVE_MODES,
+                         help="all: one wave of every query; function-first: the index query, then only the "
+                              "candidate tools' argument queries (runtime/sidecar_waves.py)")
+    predict.add_argument("--top-k", type=int, default=2, help="function-first: candidate tools at most (default 2)")
+    predict.add_argument("--min-prob", type=float, default=0.1,
+                         help="function-first: probability a candidate besides the greedy one needs (default 0.1)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -113,7 +172,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit(f"--prefix-cache-tokens must be >= 0, got {cache_tokens}")
         serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
               dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens,
-              calibrate=args.calibrate)
+              calibrate=args.calibrate, engine=args.engine)
         return 0
 
     from tqdm import tqdm
@@ -131,14 +190,19 @@ def run_cli(args: argparse.Namespace) -> int:
         raise SystemExit(f"ooospec sidecar predict: {e}") from None
     if args.prefix_cache_tokens < 0 or (args.warm_tools and not args.prefix_cache_tokens):
         raise SystemExit("--prefix-cache-tokens must be >= 0, and > 0 with --warm-tools")
-    sidecar = Sidecar.from_adapter(args.adapter, threads=args.threads, dtype=args.dtype)
+    try:
+        sw.check_wave_options(args.wave, args.top_k, args.min_prob)
+    except ValueError as e:
+        raise SystemExit(f"ooospec sidecar predict: {e} (--wave/--top-k/--min-prob)") from None
+    sidecar = Sidecar.from_adapter(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine)
     if args.prefix_cache_tokens:
         from ooospec.runtime.session import PrefixCache
 
         sidecar.prefix_cache = PrefixCache(max_tokens=args.prefix_cache_tokens)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".partial")
-    rows = tqdm(predict_records(sidecar, records, args.warm_tools), total=len(records),
+    rows = tqdm(predict_records(sidecar, records, args.warm_tools, args.wave, args.top_k, args.min_prob),
+                total=len(records),
                 desc=f"sidecar predict {path.name}")
     done: list[dict] = []
     try:

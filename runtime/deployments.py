@@ -10,7 +10,13 @@ threads)::
     shared       all cores, bench threads         all cores, bench threads             skip (interference 1)
     split        pinned to the last core, 1 thr.  pinned to the other cores            send (interference 0.05)
     wave-first   all cores, bench threads         all cores, after the wave is ready   skip (all of it is cost)
+    dedicated    EMULATED: the wave timed alone first; the target then runs on all cores   send (interference 0)
+                 and sees the hints at the measured wave latency after its start
     remote       another machine or an idle accelerator (not set up by the bench)      send
+
+``dedicated`` is the seeds' deployment (the sidecar on a device of its own) emulated on one box: a device exactly
+as fast as this CPU, idle otherwise. Its rows are an emulation and every report labels them so; they are never a
+measurement of a shared-core deployment.
 
 A server never makes the target wait for a wave, so ``ooospec serve`` offers the deployments that do not
 (:data:`SERVE_DEPLOYMENTS`); the bench offers those it can place (:data:`BENCH_DEPLOYMENTS`). Torch-free: CLIs read
@@ -43,6 +49,7 @@ class Deployment:
     prior: Estimates                        # the wave gate's prior (runtime/wave_gate.py)
     placement: Placement | None = None      # None: the bench cannot set it up on its own box
     target_waits: bool = False              # the target starts decoding only once the wave is ready
+    emulated: bool = False                  # the bench replays the wave's measured latency (not a real placement)
 
 
 # Calibrated on data/transfer-full/cells/qwen2.5-coder-{0.5b,1.5b}/apibank-l1.json (2 shared Xeon cores, bf16,
@@ -64,11 +71,15 @@ SPLIT = Deployment("split", "the sidecar on a core of its own, the target on the
                    Placement(server_cpus="last", server_threads="one", target_cpus="rest"))
 WAVE_FIRST = Deployment("wave-first", "the target's cores, and the target decodes only once the wave is ready",
                         replace(_SHARED_CORES, target_prefill=0.0), _ALL_CORES, target_waits=True)
+DEDICATED = Deployment("dedicated", "EMULATED: the sidecar on a device of its own as fast as this CPU (the wave timed "
+                       "alone, its hints released to the target at that latency)",
+                       replace(_SHARED_CORES, interference=0.0, target_prefill=1.0), _ALL_CORES, target_waits=True,
+                       emulated=True)
 REMOTE = Deployment("remote", "the sidecar on another machine or an idle accelerator",
                     replace(_SHARED_CORES, interference=0.0, prefill_per_token=0.0002, decode_forward=0.015,
                             decode_per_query=0.0002))
 
-DEPLOYMENTS: dict[str, Deployment] = {d.name: d for d in (SHARED, SPLIT, WAVE_FIRST, REMOTE)}
+DEPLOYMENTS: dict[str, Deployment] = {d.name: d for d in (SHARED, SPLIT, WAVE_FIRST, DEDICATED, REMOTE)}
 DEFAULT_DEPLOYMENT = SHARED.name
 BENCH_DEPLOYMENTS: tuple[str, ...] = tuple(n for n, d in DEPLOYMENTS.items() if d.placement is not None)
 SERVE_DEPLOYMENTS: tuple[str, ...] = tuple(n for n, d in DEPLOYMENTS.items() if not d.target_waits)

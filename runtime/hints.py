@@ -256,7 +256,9 @@ class HintDrafter:
     """Suffix-matched hint candidates from a source that becomes ready at some unknown step.
 
     One drafter per request (its bank belongs to the request). Until ``source.poll()`` returns a bank the drafter
-    proposes nothing; it polls once per step and never blocks.
+    proposes nothing; it polls once per step and never blocks. A source with a ``done`` flag that is still False
+    (a function-first sidecar wave: an early bank, then the final one) is polled on after its first bank, and a
+    new bank replaces the one in use.
 
     Args:
         source: the request's :class:`CallGuess` (a sidecar's wave, or a :class:`HintBank`); only polled.
@@ -280,6 +282,7 @@ class HintDrafter:
         self.bank: HintBank | None = None
         self.ready_step: int | None = None
         self.num_polls = 0
+        self._final = False      # the bank in use is the source's last (read after the source was done)
         self.match_s = 0.0
         self._log: list[tuple[int, int, list[list[int]]]] = []   # [(step, tokens generated before it, cands)]
         self.proposal_kind: str | None = None   # "long" / "short" suffix match of this step's candidates
@@ -287,12 +290,15 @@ class HintDrafter:
     def propose(self, ctx: DraftContext) -> list[list[int]]:
         t0 = time.perf_counter()
         try:
-            if self.bank is None:
-                self.num_polls += 1
-                self.bank = self.source.poll()
+            if self.bank is None or not self._final:
+                final = getattr(self.source, "done", True)    # read first: a bank polled after done is the last
+                bank = self.source.poll()
                 if self.bank is None:
-                    return []
-                self.ready_step = ctx.step
+                    self.num_polls += 1
+                    if bank is None:
+                        return []
+                    self.ready_step = ctx.step
+                self.bank, self._final = (bank if bank is not None else self.bank), final
             n, cands = self.bank.lookup(ctx.tokens, max_match=self.max_match, min_match=self.min_match,
                                         max_len=self.max_len, max_candidates=self.max_candidates)
             self.proposal_kind = "long" if n >= LONG_MATCH else "short"

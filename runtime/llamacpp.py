@@ -133,6 +133,18 @@ class GGUFShape:
         return cls(num("block_count"), num("embedding_length"), heads, num("attention.head_count_kv", heads))
 
 
+def default_repack() -> tuple[bool, str]:
+    """``(repack, why)``: llama.cpp's extra weight buffers (repacked / AMX kernels) everywhere but on CPUs with AMX,
+    where llama.cpp 0.3.36's AMX matmul segfaults on the registry's Q4_K GGUFs at the first forward (every batch
+    size, stock ``Llama`` too; llama.cpp#20824, open; seen on a 2-core Sapphire Rapids Xeon). Off, llama.cpp
+    runs its generic kernels there: slower batches, same file."""
+    from ooospec.runtime.hardware import cpu_info
+
+    if "amx_int8" in cpu_info()["flags"]:
+        return False, "the CPU has AMX: llama.cpp's AMX matmul segfaults (llama.cpp#20824), extra buffers off"
+    return True, "llama.cpp's default"
+
+
 def _load_model(path: Path, repack: bool):
     L = _lib()
     mparams = L.llama_model_default_params()
@@ -186,7 +198,8 @@ class LlamaCppTarget:
         n_batch: the largest batch one ``llama_decode`` takes (prefills are split into chunks of it).
         lora: optional GGUF LoRA adapter applied with scale 1.
         flash_attn: llama.cpp's flash attention (off by default: see the note in :func:`_new_context`).
-        repack: let llama.cpp repack weights at load for its batched CPU kernels (its default).
+        repack: let llama.cpp repack weights at load for its batched CPU kernels (None: :func:`default_repack`,
+            its default except on AMX CPUs).
     """
 
     backend = BACKEND
@@ -194,7 +207,7 @@ class LlamaCppTarget:
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None, n_ctx: int = DEFAULT_CTX,
                  max_leaves: int = DEFAULT_MAX_LEAVES, n_batch: int = 512, lora: str | os.PathLike | None = None,
-                 flash_attn: bool = False, repack: bool = True):
+                 flash_attn: bool = False, repack: bool | None = None):
         ok, why = available()
         if not ok:
             raise RuntimeError(f"{why}; {INSTALL_HINT}")
@@ -209,7 +222,12 @@ class LlamaCppTarget:
             threads = available_cores()
         self.threads = int(threads)
         self.n_ctx, self.max_leaves, self.n_batch = int(n_ctx), int(max_leaves), int(n_batch)
-        self._model = _load_model(self.path, repack)
+        if repack is None:
+            repack, why = default_repack()
+            if not repack:
+                logger.info("llama.cpp: %s", why)
+        self.repack = bool(repack)
+        self._model = _load_model(self.path, self.repack)
         self._ctx = _new_context(self, flash_attn)
         self._mem = L.llama_get_memory(self._ctx)
         self._vocab = L.llama_model_get_vocab(self._model)
@@ -266,7 +284,7 @@ class LlamaCppTarget:
         digest = h.hexdigest()[:12]
         info = cpu_info()
         return (f"{BACKEND}|{self.path.name}|{self.weight_type}|file={digest}|threads={self.threads}"
-                f"|{info['model']}|{','.join(info['flags'])}")
+                f"|{info['model']}|{','.join(info['flags'])}" + ("" if self.repack else "|no-repack"))
 
     def footprint(self) -> Footprint:
         """:class:`~ooospec.runtime.cost_model.Footprint` from the GGUF's tensor table (bytes as stored: quantized)."""

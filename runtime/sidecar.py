@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,7 @@ class WaveResult:
     drafted: int = 0            # draft tokens fed (AnswerDrafter); they change the forwards, never the answers
     accepted: int = 0           # of them, accepted
     cached_tokens: int = 0      # block tokens whose KV came from the prefix cache (not prefilled)
+    top_logprobs: list[list[dict[str, float]]] | None = None   # asked for: per query, per token, top-k text -> lp
 
     @property
     def wave_s(self) -> float:
@@ -80,10 +81,11 @@ class _Branch:
     query: int              # the first query with this prompt: what ``propose`` is asked about
     history: list[int]      # cache indices of its entries past the block: query tokens, then kept answer tokens
     out: list[int]          # generated tokens; out[-1] is the root of its next tree (not in the cache yet)
+    logprobs: list[dict[int, float]] = field(default_factory=list)   # per out token, when asked: top-k logprobs
 
 
-def _query_branches(kv: KVCache, queries: DraftTree,
-                    query_ids: Sequence[Sequence[int]]) -> tuple[list[_Branch], list[int]]:
+def _query_branches(kv: KVCache, queries: DraftTree, query_ids: Sequence[Sequence[int]],
+                    logprobs: int = 0) -> tuple[list[_Branch], list[int]]:
     """Forward the query tree and start the branches; returns them and ``which[i]``, the branch of query ``i``.
 
     ``queries`` (the block's last token, then every query) is committed whole after the cache's ``root_key``
@@ -102,7 +104,8 @@ def _query_branches(kv: KVCache, queries: DraftTree,
         if leaf not in branch_of_leaf:
             branch_of_leaf[leaf] = len(branches)
             history = [root_key + j for j in queries.path_to(leaf)[1:]]
-            branches.append(_Branch(i, history, [int(logits[leaf].argmax())]))
+            branches.append(_Branch(i, history, [int(logits[leaf].argmax())],
+                                    [top_logprobs(logits[leaf], logprobs)] if logprobs else []))
         which.append(branch_of_leaf[leaf])
     return branches, which
 
@@ -111,7 +114,7 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
                     max_new_tokens: int, eos_token_ids: Sequence[int] = (),
                     should_stop: Callable[[], bool] | None = None,
                     propose: Propose | None = None, max_draft_nodes: int = 6,
-                    prefix_cache: PrefixCache | None = None) -> tuple[list[list[int]], dict]:
+                    prefix_cache: PrefixCache | None = None, logprobs: int = 0) -> tuple[list[list[int]], dict]:
     """Greedy answers of ``block + query_i`` for every i, sharing the block's prefill. Returns ``(tokens, stats)``.
 
     ``tokens[i]`` equals greedy decoding of ``block_ids + query_ids[i]`` alone, cut after the first EOS or at
@@ -129,8 +132,11 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     with it (:meth:`~ooospec.runtime.session.PrefixCache.lookup_shared`; e.g. a tools-first block whose toolbox an
     earlier wave prefilled), only the rest is prefilled, and the block's KV is stored for later waves. Reused
     entries are those a prefill computes for the same ids at the same positions: the answers do not change.
+
+    ``logprobs`` (optional, k > 0): ``stats["top_logprobs"][i]`` holds, for every token of ``tokens[i]``, the k
+    most likely tokens at that step and their log-probabilities (``{token_id: logprob}``, :func:`top_logprobs`).
     """
-    _check_wave(block_ids, query_ids, max_new_tokens, max_draft_nodes)
+    check_wave_args(block_ids, query_ids, max_new_tokens, max_draft_nodes)
     eos = frozenset(int(t) for t in eos_token_ids)
 
     def poll(when: str) -> None:
@@ -150,25 +156,27 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     t1 = time.perf_counter()
     poll("after the prefill")
     queries = build_tree(block_ids[-1], query_ids, max_nodes=sum(len(q) for q in query_ids))
-    branches, which = _query_branches(kv, queries, query_ids)
+    branches, which = _query_branches(kv, queries, query_ids, logprobs)
     key_pos = list(range(num_block)) + [num_block - 1 + d for d in queries.depths[1:]]   # [kv.length]
     n_forwards, drafted, accepted = 1, 0, 0
     live = [b for b in branches if not done(b)]
     while live:
         poll(f"after {n_forwards} forwards")
         forest = Forest(num_block, tuple(draft(b) for b in live), tuple(tuple(b.history) for b in live))
-        num_drafted, num_accepted = _advance_branches(kv, forest, live, key_pos, done)
+        num_drafted, num_accepted = _advance_branches(kv, forest, live, key_pos, done, logprobs)
         n_forwards, drafted, accepted = n_forwards + 1, drafted + num_drafted, accepted + num_accepted
         live = [b for b in live if not done(b)]
     t2 = time.perf_counter()
     stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
              "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted,
              "cached_tokens": cached}
+    if logprobs:
+        stats["top_logprobs"] = [list(branches[w].logprobs) for w in which]
     return [list(branches[w].out) for w in which], stats
 
 
 def _advance_branches(kv: KVCache, forest: Forest, live: Sequence[_Branch], key_pos: list[int],
-                      done: Callable[[_Branch], bool]) -> tuple[int, int]:
+                      done: Callable[[_Branch], bool], logprobs: int = 0) -> tuple[int, int]:
     """One forward over ``forest`` (each live branch's draft tree after the block): every branch keeps the path
     greedy decoding agrees with plus the bonus token (up to where it is ``done``), the cache commits those nodes
     and ``key_pos`` (the position of every cache entry) grows with them. Returns ``(drafted, accepted)`` tokens."""
@@ -182,10 +190,12 @@ def _advance_branches(kv: KVCache, forest: Forest, live: Sequence[_Branch], key_
         b.history += range(kv.length + len(kept), kv.length + len(kept) + len(acc.kept_nodes))
         kept += [start + node for node in acc.kept_nodes]
         drafted, accepted = drafted + tree.num_nodes - 1, accepted + len(acc.accepted_tokens)
-        for tok in acc.new_tokens:
+        for j, tok in enumerate(acc.new_tokens):
             if done(b):
                 break
             b.out.append(int(tok))
+            if logprobs:        # token j is the choice at path node j
+                b.logprobs.append(top_logprobs(logits[start + acc.path[j]], logprobs))
     kv.commit(kept)
     key_pos += [pos[i] for i in kept]
     return drafted, accepted
@@ -207,13 +217,15 @@ def prefill_block(model, tokens: Sequence[int], prefix_cache: PrefixCache | None
 
 def measure_wave_cost(model, *, vocab_size: int, max_draft_nodes: int = 6, block_tokens: int = 256,
                       num_queries: int = 9, query_tokens: int = 8, max_new_tokens: int = 4, repeats: int = 2,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, decode: Callable[..., tuple[list[list[int]], dict]] | None = None) -> dict:
     """What a wave costs this model on this machine, with its threads, now: one synthetic wave (a
     ``block_tokens`` block of seeded random ids, ``num_queries`` queries, every branch fed a full
     ``max_draft_nodes`` draft that greedy decoding rejects, as large as a real wave's forwards get) run ``repeats``
-    times; the last run counts (the first warms the kernels). A server measures this at start-up and reports it in
-    ``/health`` so that a client's wave gate prices waves for the machine it runs on instead of a prior calibrated
-    elsewhere (:meth:`~ooospec.runtime.wave_gate.WaveGate.calibrate`).
+    times; the last run counts (the first warms the kernels). ``decode`` (default :func:`decode_branches` on
+    ``model``) runs it on another engine: it takes ``(block, queries)`` and ``decode_branches``'s keywords
+    ``max_new_tokens``, ``propose`` and ``max_draft_nodes``, and must not reuse a block between runs. A server
+    measures this at start-up and reports it in ``/health`` so that a client's wave gate prices waves for the
+    machine it runs on instead of a prior calibrated elsewhere (:meth:`~ooospec.runtime.wave_gate.WaveGate.calibrate`).
 
     Returns ``{"prefill_per_token", "decode_forward_s", "num_queries", "block_tokens", "n_forwards", "seconds"}``:
     prefill seconds per block + query token and decode seconds per forward, computed as the gate computes them from
@@ -227,19 +239,31 @@ def measure_wave_cost(model, *, vocab_size: int, max_draft_nodes: int = 6, block
     block = ids[:block_tokens]
     queries = [ids[block_tokens + i * query_tokens: block_tokens + (i + 1) * query_tokens] for i in range(num_queries)]
     draft = ids[:max_draft_nodes]
+    if decode is None:
+        def decode(block, queries, **kw):
+            return decode_branches(model, block, queries, **kw)
     t0 = time.perf_counter()
     with torch.no_grad():
         for _ in range(repeats):
-            _, st = decode_branches(model, block, queries, max_new_tokens=max_new_tokens,
-                                    propose=(lambda i, out: [draft]) if draft else None,
-                                    max_draft_nodes=max_draft_nodes)
+            _, st = decode(block, queries, max_new_tokens=max_new_tokens,
+                           propose=(lambda i, out: [draft]) if draft else None, max_draft_nodes=max_draft_nodes)
     return {"prefill_per_token": st["prefill_s"] / (st["block_tokens"] + st["query_tokens"]),
             "decode_forward_s": st["decode_s"] / st["n_forwards"], "num_queries": num_queries,
+            "seconds_per_wave": st["prefill_s"] + st["decode_s"],
             "block_tokens": block_tokens, "n_forwards": st["n_forwards"],
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _check_wave(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], max_new_tokens: int,
+def by_text(tokenizer, step: Mapping[int, float]) -> dict[str, float]:
+    """``{token id: logprob}`` keyed by token text; ids that decode to the same text keep the most likely."""
+    out: dict[str, float] = {}
+    for i, lp in step.items():
+        text = tokenizer.decode([i])
+        out[text] = max(lp, out.get(text, lp))
+    return out
+
+
+def check_wave_args(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], max_new_tokens: int,
                 max_draft_nodes: int) -> None:
     if not block_ids:
         raise ValueError("the shared block is empty")
@@ -249,6 +273,16 @@ def _check_wave(block_ids: Sequence[int], query_ids: Sequence[Sequence[int]], ma
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if max_draft_nodes < 0:
         raise ValueError(f"max_draft_nodes must be >= 0, got {max_draft_nodes}")
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> dict[int, float]:
+    """The ``k`` most likely next tokens of one logits row and their log-probabilities (float32 softmax)::
+
+        top_logprobs(torch.tensor([0.0, 0.0, -1e9]), 1) -> {0: -0.6931...}
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = lp.topk(min(int(k), lp.numel()))
+    return {int(i): float(v) for i, v in zip(ids, values)}
 
 
 # ------------------------------------------------------------------------------------------- answer drafts
@@ -300,8 +334,58 @@ class AnswerDrafter:
 # ------------------------------------------------------------------------------------------- the sidecar
 
 
+ENGINES = ("transformers", "llama.cpp")   # what answers a sidecar's waves (``--engine``)
+ENGINE_CHOICES = ("auto", *ENGINES)
+AUTO_WAVE = {"block_tokens": 320, "num_queries": 3}   # the wave ``auto`` times: a function-first wave's second stage
+
+
+def resolve_engine(engine: str, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
+                   dtype: str = "auto") -> tuple[str, str]:
+    """``(engine, why)``. ``auto`` measures: once per adapter base, threads and CPU, both engines answer the same
+    synthetic wave (:data:`AUTO_WAVE`, :func:`measure_wave_cost`) and the faster wins; the ratio is cached in
+    ``$OOOSPEC_CACHE/hardware.json`` (section ``sidecar_engine``), so later starts load one engine. Without the
+    llama.cpp bindings, or for a base that is no registry GGUF, ``auto`` is transformers."""
+    if engine not in ENGINE_CHOICES:
+        raise ValueError(f"unknown sidecar engine {engine!r}; known: {', '.join(ENGINE_CHOICES)}")
+    if engine != "auto":
+        return engine, "given"
+    from ooospec.runtime.hardware import available_cores, cached_probe, cpu_info
+    from ooospec.runtime.llamacpp import available
+    from ooospec.runtime.models import REGISTRY
+
+    ok, why = available()
+    base = sp.read_metadata(sidecar_adapter_dir(adapter_dir)).get("base")
+    if not ok or base not in REGISTRY:
+        return "transformers", f"auto: {why if not ok else f'base {base!r} has no registry GGUF'}"
+    info = cpu_info()
+    threads = threads or available_cores()
+    key = f"{base}|dtype={dtype}|threads={threads}|{info['model']}|{','.join(info['flags'])}"
+    ratio = cached_probe("sidecar_engine", key, lambda: _engine_ratio(adapter_dir, threads, dtype))
+    chosen = "llama.cpp" if ratio < 1.0 else "transformers"
+    return chosen, f"auto: a llama.cpp wave takes {ratio:.2f}x a transformers one here ({threads} threads)"
+
+
+def _engine_ratio(adapter_dir, threads: int, dtype: str) -> float:
+    """Seconds of :data:`AUTO_WAVE` on llama.cpp over the same on transformers (a few seconds each, loads both)."""
+    seconds = {}
+    for engine in ENGINES:
+        sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, engine=engine,
+                                       dtype=dtype if engine == "transformers" else "auto")
+        seconds[engine] = sidecar.calibrate(**AUTO_WAVE)["seconds_per_wave"]
+        del sidecar
+    logger.info("sidecar engines, seconds per wave: %s", seconds)
+    return seconds["llama.cpp"] / seconds["transformers"]
+
+
 class Sidecar:
-    """A sidecar model (base + merged LoRA) that answers waves. Thread-compatible, not thread-safe."""
+    """A sidecar model (base + merged LoRA) that answers waves on transformers. Thread-compatible, not thread-safe.
+
+    The engine-facing part is :meth:`decode` (a wave's token ids in, greedy answers and stats out), ``vocab_size``,
+    ``weights``, :meth:`prefill` and :meth:`calibrate`; :class:`~ooospec.runtime.sidecar_llamacpp.LlamaCppSidecar`
+    implements them on llama.cpp and inherits the rest (layout, drafts, :meth:`answer`, :meth:`predict`).
+    """
+
+    engine = "transformers"
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 48, metadata: Mapping | None = None,
                  max_draft_nodes: int = 6, prefix_cache: PrefixCache | None = None):
@@ -317,12 +401,21 @@ class Sidecar:
     @classmethod
     def from_adapter(cls, adapter_dir: str | os.PathLike | None = None, *, threads: int | None = None,
                      dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True,
-                     max_draft_nodes: int = 6) -> Sidecar:
+                     max_draft_nodes: int = 6, engine: str = "transformers") -> Sidecar:
         """Load ``adapter_dir`` (default :func:`~ooospec.runtime.paths.sidecar_adapter_dir`) on its base model.
 
         The base is the metadata's ``base`` (a registry name or a local folder) when this machine has it, else
-        its Hub id (``base_model_id``).
+        its Hub id (``base_model_id``). ``engine="llama.cpp"``: the base's registry GGUF with the adapter as a
+        llama.cpp LoRA (:class:`~ooospec.runtime.sidecar_llamacpp.LlamaCppSidecar`; ``dtype`` must be ``auto``).
         """
+        engine, why = resolve_engine(engine, adapter_dir, threads=threads, dtype=dtype)
+        if why != "given":
+            logger.info("sidecar engine %s (%s)", engine, why)
+        if engine == "llama.cpp":
+            from ooospec.runtime.sidecar_llamacpp import LlamaCppSidecar
+
+            return LlamaCppSidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype,
+                                                max_new_tokens=max_new_tokens, max_draft_nodes=max_draft_nodes)
         from peft import PeftModel
         from transformers import AutoTokenizer
 
@@ -351,6 +444,36 @@ class Sidecar:
     def eos_token_ids(self) -> list[int]:
         return [self.tokenizer.eos_token_id]
 
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    @property
+    def weights(self) -> str:
+        """The weights' type as ``/health`` reports it, e.g. ``bfloat16``."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    def decode(self, block: Sequence[int], queries: Sequence[Sequence[int]], *, max_new_tokens: int,
+               should_stop: Callable[[], bool] | None = None, logprobs: int = 0) -> tuple[list[list[int]], dict]:
+        """Every query's greedy answer after the block, in one pass (:func:`decode_branches`: its tokens, stats)."""
+        return decode_branches(self.model, block, queries, max_new_tokens=max_new_tokens,
+                               eos_token_ids=self.eos_token_ids, should_stop=should_stop,
+                               propose=self.drafter(block, queries), max_draft_nodes=self.max_draft_nodes,
+                               prefix_cache=self.prefix_cache, logprobs=logprobs)
+
+    def cache_info(self) -> dict | None:
+        """What this sidecar keeps of earlier blocks (``/health``'s ``prefix_cache``; None: nothing)."""
+        return None if self.prefix_cache is None else self.prefix_cache.to_dict()
+
+    def calibrate(self, **wave) -> dict:
+        """What a wave costs here, now (:func:`measure_wave_cost`'s synthetic wave, ``wave`` its shape; seconds)."""
+        return measure_wave_cost(self.model, vocab_size=self.vocab_size, max_draft_nodes=self.max_draft_nodes,
+                                 **wave)
+
     def prefill(self, block: str) -> int:
         """Compute ``block``'s KV into the prefix cache ahead of a wave (e.g. a toolbox, untimed); returns the
         tokens prefilled (0 without a cache)."""
@@ -366,18 +489,26 @@ class Sidecar:
             return None
         return AnswerDrafter(self.tokenizer, block_ids, query_ids, eos_token_id=self.tokenizer.eos_token_id)
 
-    def answer(self, wave: sp.Wave) -> WaveResult:
-        """Every query of ``wave`` answered greedily in one pass."""
+    def answer(self, wave: sp.Wave, logprobs: int = 0, max_new_tokens: int | None = None) -> WaveResult:
+        """Every query of ``wave`` answered greedily in one pass; ``logprobs`` > 0 adds each answer token's top-k
+        (``top_logprobs``: token text -> log-probability); ``max_new_tokens`` caps this wave's answers (default
+        the sidecar's)."""
         block, queries = sp.encode_wave(self.tokenizer, wave)
         if not queries:
             return WaveResult([], [], 0.0, 0.0, 0, len(block), 0)
-        toks, stats = decode_branches(self.model, block, queries, max_new_tokens=self.max_new_tokens,
-                                      eos_token_ids=self.eos_token_ids, propose=self.drafter(block, queries),
-                                      max_draft_nodes=self.max_draft_nodes, prefix_cache=self.prefix_cache)
+        with torch.no_grad():
+            toks, stats = self.decode(block, queries, max_new_tokens=max_new_tokens or self.max_new_tokens,
+                                      logprobs=logprobs)
         answers = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
         return WaveResult(toks, answers, stats["prefill_s"], stats["decode_s"], stats["n_forwards"],
                           stats["block_tokens"], stats["query_tokens"], stats["drafted"], stats["accepted"],
-                          stats["cached_tokens"])
+                          stats["cached_tokens"], self.logprob_texts(stats.get("top_logprobs")))
+
+    def logprob_texts(self, top: list[list[dict[int, float]]] | None) -> list[list[dict[str, float]]] | None:
+        """``top_logprobs`` with token ids as text (what an OpenAI completions response carries)."""
+        if top is None:
+            return None
+        return [[by_text(self.tokenizer, step) for step in q] for q in top]
 
     def predict(self, messages: Sequence[Any], tools: Sequence[Any], prior_calls: Sequence[Mapping] = (),
                 with_direct_call: bool = False) -> tuple[dict | None, WaveResult]:

@@ -7,13 +7,21 @@ OpenAI-compatible ``POST /v1/completions`` (one prompt per slot query; our serve
 (:func:`~ooospec.runtime.sidecar_prompts.join_answers`, schema-checked), renders its text views and tokenizes them with
 the TARGET's tokenizer into a :class:`~ooospec.runtime.hints.HintBank`. The caller gets a :class:`HintRequest`
 at once; its :meth:`~HintRequest.poll` returns the bank when it is ready and None before (and forever after any
-failure). Every step is timed; every failure has a kind (:data:`ErrorKind`) and only costs the hints.
+failure but a function-first stage 2's). Every step is timed; every failure has a kind (:data:`ErrorKind`) and
+only costs the hints.
 
     client = SidecarClient("http://127.0.0.1:8765")
     req = client.submit(messages, tools, fmt=fmt, tokenizer=target_tokenizer)     # returns at once
     engine = make_engine(model, [fsm, retrieval, HintDrafter(req), pld], eos_token_ids=[...])
     result = engine.generate(prompt_ids, 256)
     req.cancel(); req.stats()        # arrival/submit/sent/response/ready times, bytes, error kind, the call
+
+``wave="function-first"`` asks in two stages instead (:mod:`ooospec.runtime.sidecar_waves`): the index query
+alone, whose answer (and its first token's top logprobs) names up to ``top_k`` candidate tools and publishes an
+EARLY bank of their names at once, then only the candidates' argument queries, whose joined calls replace it.
+Stage 2 failing keeps the early bank; a :class:`~ooospec.runtime.hints.HintDrafter` takes the final bank when it
+comes. ``wave="all"`` (the default) is the one-pass wave above. The stats add ``early_t``, ``index_s`` and
+``functions``; ``wave_s`` spans both stages.
 
 Bounds: connect timeout, a total deadline for the response (a watchdog closes the socket, so a server that
 trickles bytes cannot hold the thread), and a response size cap (default 1 MB). Starting and stopping a sidecar
@@ -33,29 +41,23 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.hints import HintBank
 from ooospec.runtime.sidecar_prompts import join_answers
+from ooospec.runtime.sidecar_waves import (
+    ErrorKind,
+    WaveFailure,
+    WaveMode,
+    check_wave_options,
+    parse_response,
+    run_function_first,
+)
 from ooospec.runtime.wave_gate import WaveDecision, WaveGate
 from ooospec.runtime.wave_outcome import outcome_of
 
 logger = logging.getLogger(__name__)
-
-ErrorKind = Literal[
-    "connect",        # nothing listening / unreachable / connect timed out
-    "timeout",        # no complete response before the deadline
-    "closed",         # the server closed or reset the connection mid-exchange
-    "http_status",    # a non-200 answer
-    "too_large",      # the response is over max_response_bytes
-    "bad_json",       # the body is not JSON
-    "bad_response",   # JSON, but not a completions response for these prompts
-    "no_call",        # the answers join into no call (e.g. an unknown tool index)
-    "cancelled",      # cancel() before the bank was ready
-    "internal",       # a bug on our side (logged with its traceback)
-]
-
 
 @dataclass
 class RequestStats:
@@ -63,10 +65,13 @@ class RequestStats:
 
     arrival_t: float                  # the request's arrival, as given to submit()
     submit_t: float | None = None     # the background thread starts building the wave
-    sent_t: float | None = None       # writing the HTTP request begins
-    response_t: float | None = None   # the whole response body is read
-    ready_t: float | None = None      # the hint bank is ready for poll()
-    n_queries: int = 0
+    sent_t: float | None = None       # writing the (first) HTTP request begins
+    response_t: float | None = None   # the whole (last) response body is read
+    ready_t: float | None = None      # the (final) hint bank is ready for poll()
+    early_t: float | None = None      # function-first: the early bank (candidate names) is ready for poll()
+    index_s: float | None = None      # function-first: stage 1 (the index query) sent -> response read
+    functions: list[str] = field(default_factory=list)   # function-first: the candidate tools, greedy first
+    n_queries: int = 0                # queries sent (function-first: both stages')
     request_bytes: int = 0
     response_bytes: int = 0           # HTTP body
     payload_bytes: int = 0            # the answers' text (UTF-8), the semantic payload without protocol
@@ -80,7 +85,7 @@ class RequestStats:
 
     @property
     def wave_s(self) -> float | None:
-        """Sent -> response read: the sidecar's answer latency as the client sees it."""
+        """Sent -> (last) response read: the sidecar's answer latency as the client sees it."""
         return None if self.sent_t is None or self.response_t is None else self.response_t - self.sent_t
 
     @property
@@ -90,12 +95,6 @@ class RequestStats:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "wave_s": self.wave_s, "ready_s": self.ready_s}
-
-
-class _Failure(Exception):
-    def __init__(self, kind: ErrorKind, detail: str):
-        super().__init__(detail)
-        self.kind, self.detail = kind, detail
 
 
 class HintRequest:
@@ -114,7 +113,8 @@ class HintRequest:
         self.thread: threading.Thread | None = None
 
     def poll(self) -> HintBank | None:
-        """The bank once ready, else None (also after any failure). Returns at once."""
+        """The bank once ready, else None (also after any failure, except a function-first request's early bank,
+        which stays). Returns at once; a function-first request's bank may change once (early -> final)."""
         return self._bank
 
     @property
@@ -177,6 +177,15 @@ class HintRequest:
         with self._lock:
             self._conn = conn
 
+    def _publish(self, bank: HintBank, final: bool = True) -> None:
+        """``bank`` is what poll() returns from now on (``ready_t``, or ``early_t`` when not ``final``); raises
+        :class:`WaveFailure` when the wave was interrupted first."""
+        with self._lock:
+            if self._abort is not None:
+                raise WaveFailure(self._abort, "interrupted before the bank was ready")
+            self._bank = bank
+            setattr(self._stats, "ready_t" if final else "early_t", time.perf_counter())
+
 
 class SidecarClient:
     """Sends waves to a sidecar server at ``base_url`` (``http://host:port``; POST ``/v1/completions``).
@@ -199,16 +208,21 @@ class SidecarClient:
             layout of the adapter that server serves, e.g. :func:`adapter_layout` of the shipped one). The answer
             is cached (an unreachable server is asked again next wave).
         fallback_layout: the layout for a server that reports none (vLLM serving our adapter as a LoRA).
+        wave: ``"all"`` (the one-pass wave) or ``"function-first"`` (two stages; the module docstring).
+        top_k, min_prob: function-first: argument queries for at most ``top_k`` candidate tools, the alternatives
+            to the greedy index at least ``min_prob`` likely (``top_k`` 1: no logprobs are asked).
     """
 
     def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
                  timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False,
-                 gate: WaveGate | None = None, layout: int | None = None, fallback_layout: int | None = None):
+                 gate: WaveGate | None = None, layout: int | None = None, fallback_layout: int | None = None,
+                 wave: WaveMode = "all", top_k: int = 2, min_prob: float = 0.1):
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"sidecar url must be http://host:port, got {base_url!r}")
         if connect_timeout <= 0 or timeout <= 0 or max_response_bytes < 1 or max_tokens < 1:
             raise ValueError("connect_timeout, timeout, max_response_bytes and max_tokens must be positive")
+        check_wave_options(wave, top_k, min_prob)
         self.host, self.port = url.hostname, url.port or 80
         self.base_url = base_url.rstrip("/")
         self.path = url.path.rstrip("/") + "/v1/completions"
@@ -221,6 +235,8 @@ class SidecarClient:
         self.layout = None if layout is None else sp.check_layout(layout)
         self.fallback_layout = sp.LAYOUT_VERSION if fallback_layout is None else sp.check_layout(fallback_layout)
         self.server_prefix_cache = False     # the server keeps block KV across waves (its /health says so)
+        self.wave, self.top_k, self.min_prob = wave, top_k, min_prob
+        self.logprobs_refused = False        # function-first: the server answered 400 to "logprobs" (asked no more)
         self._layout_lock = threading.Lock()
 
     def submit(self, messages: Sequence[Any], tools: Sequence[Any], *, fmt: ModuleType, tokenizer,
@@ -244,7 +260,7 @@ class SidecarClient:
         if self.gate is not None:
             try:
                 layout = self.server_layout()     # asks the server once per client: the wave is built here
-            except _Failure as e:
+            except WaveFailure as e:
                 req = HintRequest(arrival)
                 req._stats.error, req._stats.error_detail = e.kind, e.detail
                 req._done.set()
@@ -285,7 +301,7 @@ class SidecarClient:
                 body = json.dumps({"model": self.model, "prompt": [block + sp.INDEX_QUERY], "max_tokens": 1,
                                    "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
                 self._post(HintRequest(time.perf_counter()), body)
-            except _Failure as e:
+            except WaveFailure as e:
                 logger.info("sidecar prefill failed (%s): %s", e.kind, e.detail)
                 return False
             except Exception as e:  # never reaches the caller
@@ -317,6 +333,10 @@ class SidecarClient:
                 layout = self.server_layout(req)        # the server's /health, the first time only
                 health_s = time.perf_counter() - t_health
                 wave = sp.build_wave(messages, tools, prior_calls, self.with_direct_call, layout)
+            if self.wave == "function-first":
+                st.build_s = build_s + time.perf_counter() - st.submit_t - health_s
+                run_function_first(self, req, tools, fmt, tokenizer, wave)
+                return
             st.n_queries = len(wave.queries)
             body = json.dumps({"model": self.model, "prompt": wave.prompts(), "max_tokens": self.max_tokens,
                                "temperature": 0, "add_special_tokens": False}, ensure_ascii=False).encode()
@@ -329,7 +349,7 @@ class SidecarClient:
             st.payload_bytes = sum(len(a.encode()) for a in answers)
             call = join_answers(tools, wave, answers)
             if call is None:
-                raise _Failure("no_call", "the answers join into no call (function index unusable)")
+                raise WaveFailure("no_call", "the answers join into no call (function index unusable)")
             calls = [{"name": call["name"], "arguments": call["arguments"]}]
             direct = call.get("direct_call")
             if direct is not None and direct != calls[0]:
@@ -338,12 +358,8 @@ class SidecarClient:
             bank = HintBank.from_calls(calls, fmt, tokenizer)
             st.num_views = len(bank.views)
             st.build_s += time.perf_counter() - t0
-            with req._lock:
-                if req._abort is not None:
-                    raise _Failure(req._abort, "interrupted before the bank was ready")
-                req._bank = bank
-                st.ready_t = time.perf_counter()
-        except _Failure as e:
+            req._publish(bank)
+        except WaveFailure as e:
             st.error, st.error_detail = e.kind, e.detail
         except Exception as e:  # a sidecar bug must never reach the target
             logger.warning("sidecar wave failed: %r", e, exc_info=True)
@@ -355,7 +371,7 @@ class SidecarClient:
     def server_layout(self, req: HintRequest | None = None) -> int:
         """The layout to build waves in: ``layout`` when given, else the server's (``GET /health``, asked once and
         cached; :data:`~ooospec.runtime.sidecar_prompts.LAYOUT_VERSION` when it reports none or is unreachable,
-        the latter not cached). Raises :class:`_Failure` (``bad_response``) when the server reports a layout this
+        the latter not cached). Raises :class:`WaveFailure` (``bad_response``) when the server reports a layout this
         client cannot build."""
         with self._layout_lock:      # concurrent first waves ask once
             if self.layout is not None:
@@ -381,7 +397,7 @@ class SidecarClient:
                 try:
                     self.layout = sp.check_layout(found)
                 except ValueError as e:
-                    raise _Failure("bad_response", f"/health: {e}") from None
+                    raise WaveFailure("bad_response", f"/health: {e}") from None
             return self.layout
 
     def _get_health(self, req: HintRequest | None) -> bytes | None:
@@ -403,7 +419,7 @@ class SidecarClient:
             conn.close()
 
     def _post(self, req: HintRequest, body: bytes) -> bytes:
-        """POST the wave; the response body (at most ``max_response_bytes``). Raises :class:`_Failure`."""
+        """POST the wave; the response body (at most ``max_response_bytes``). Raises :class:`WaveFailure`."""
         st = req._stats
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
         req._set_conn(conn)
@@ -411,9 +427,9 @@ class SidecarClient:
             try:
                 conn.connect()
             except OSError as e:
-                raise _Failure(req._abort or "connect", f"{self.host}:{self.port}: {e!r}") from None
+                raise WaveFailure(req._abort or "connect", f"{self.host}:{self.port}: {e!r}") from None
             if req._abort is not None:       # interrupted while connecting
-                raise _Failure(req._abort, "interrupted while connecting")
+                raise WaveFailure(req._abort, "interrupted while connecting")
             conn.sock.settimeout(self.timeout)
             try:
                 st.sent_t = time.perf_counter()    # before the write: the server may read it before we return
@@ -422,7 +438,7 @@ class SidecarClient:
                 resp = conn.getresponse()
                 length = resp.getheader("Content-Length")
                 if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
-                    raise _Failure("too_large", f"Content-Length {length} > {self.max_response_bytes}")
+                    raise WaveFailure("too_large", f"Content-Length {length} > {self.max_response_bytes}")
                 chunks, total = [], 0
                 while True:
                     chunk = resp.read(65536)
@@ -430,23 +446,23 @@ class SidecarClient:
                         break
                     total += len(chunk)
                     if total > self.max_response_bytes:
-                        raise _Failure("too_large", f"response over {self.max_response_bytes} bytes")
+                        raise WaveFailure("too_large", f"response over {self.max_response_bytes} bytes")
                     chunks.append(chunk)
                 if req._abort is not None:     # the watchdog or cancel() closed the socket mid-body
-                    raise _Failure(req._abort, f"interrupted after {total} bytes")
+                    raise WaveFailure(req._abort, f"interrupted after {total} bytes")
                 if length is not None and length.isdigit() and total != int(length):
-                    raise _Failure("closed", f"body ended after {total} of {length} bytes")
-            except _Failure:
+                    raise WaveFailure("closed", f"body ended after {total} of {length} bytes")
+            except WaveFailure:
                 raise
             except TimeoutError as e:
-                raise _Failure(req._abort or "timeout", repr(e)) from None
+                raise WaveFailure(req._abort or "timeout", repr(e)) from None
             except (http.client.HTTPException, OSError) as e:
-                raise _Failure(req._abort or "closed", repr(e)[:300]) from None
+                raise WaveFailure(req._abort or "closed", repr(e)[:300]) from None
             st.response_t = time.perf_counter()
             raw = b"".join(chunks)
             st.response_bytes = len(raw)
             if resp.status != 200:
-                raise _Failure("http_status", f"HTTP {resp.status}: {raw[:200]!r}")
+                raise WaveFailure("http_status", f"HTTP {resp.status}: {raw[:200]!r}")
             return raw
         finally:
             req._set_conn(None)
@@ -464,26 +480,3 @@ def adapter_layout(adapter: str | os.PathLike | None = None) -> int:
     except (OSError, ValueError, AttributeError):
         found = None
     return sp.LAYOUT_VERSION if found is None else sp.check_layout(found)
-
-
-def parse_response(raw: bytes, n_prompts: int) -> tuple[list[str], dict]:
-    """``(answers in prompt order, the "ooospec" object or {})`` of a completions response; raises
-    :class:`_Failure` (``bad_json`` / ``bad_response``) when it is not one for ``n_prompts`` prompts."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise _Failure("bad_json", f"{e!r}"[:200]) from None
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list) or len(choices) != n_prompts:
-        raise _Failure("bad_response", f"expected {n_prompts} choices, got "
-                                       f"{len(choices) if isinstance(choices, list) else type(choices).__name__}")
-    answers: list[str | None] = [None] * n_prompts
-    for c in choices:
-        index = c.get("index") if isinstance(c, dict) else None
-        text = c.get("text") if isinstance(c, dict) else None
-        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n_prompts
-                or answers[index] is not None or not isinstance(text, str)):
-            raise _Failure("bad_response", f"bad choice {str(c)[:120]}")
-        answers[index] = text
-    server = obj.get("ooospec")
-    return answers, server if isinstance(server, dict) else {}

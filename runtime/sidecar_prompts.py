@@ -23,9 +23,8 @@ training packs a request's block and all its query/answer segments into one sequ
 
 Layouts (:data:`LAYOUTS`): 2 "context first" (above) and 3 "tools first" (the default, :data:`LAYOUT_VERSION`, and
 the shipped adapter's: the same two sections in the other order, tools then conversation; same views, query lines
-and answers). An
-agent keeps one toolbox across thousands of requests, so a tools-first block starts with text that repeats
-across requests (a server may reuse its KV; this module only builds the texts). Every builder takes a
+and answers). An agent keeps one toolbox across thousands of requests, so a tools-first block starts with text that
+repeats across requests (a server may reuse its KV; this module only builds the texts). Every builder takes a
 ``layout`` argument (default :data:`LAYOUT_VERSION`).
 
 Each answer is ONE compact JSON value (no spaces, ``ensure_ascii=False``) followed by EOS:
@@ -42,7 +41,8 @@ form                query line                  answer
 At request arrival the runtime builds :func:`build_wave` (the index query plus an argument query for EVERY
 tool x parameter; the direct-call query optionally) and answers all of it in one pass; :func:`join_slots`
 turns the answers into one call. The argument queries do not wait for the function choice: no serial
-dependency.
+dependency. The cheaper "function-first" mode asks the same block in two stages, the index query, then the
+argument queries of the few candidate tools only (:mod:`ooospec.runtime.sidecar_waves`: its waves, candidates, join).
 
 Views (compact, model-agnostic: no chat-template tokens, no ids; every line is stripped of trailing spaces so
 that ``block + query`` tokenizes as ``block`` then ``query`` under byte-level BPE):

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ooospec import cli
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime import sidecar_waves as sw
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.sidecar import Sidecar
 from ooospec.runtime.sidecar_client import SidecarClient
 from ooospec.runtime.sidecar_process import health, launch_sidecar
-from ooospec.sidecar_cli import predict_records
+from ooospec.runtime.wave_gate import query_name
+from ooospec.sidecar_cli import cost_line, predict_records
 from tests.pipelines.sidecar_tiny import byte_tokenizer, save_tiny_base, tiny_llama
+from tests.runtime.sidecar_servers import MESSAGES
+from tests.runtime.sidecar_servers import TOOLS as SERVER_TOOLS
 
 RECORDS = Path(__file__).resolve().parent / "fixtures" / "train_records.jsonl"
 
@@ -51,9 +57,12 @@ def test_predict_writes_one_row_per_record(adapter, tmp_path, monkeypatch):
     assert [r["id"] for r in rows] == [r["id"] for r in records]
     for row, rec in zip(rows, records):
         assert list(row) == ["id", "call", "direct_call", "wave_s", "prefill_s", "decode_s", "n_queries",
-                             "block_tokens", "cached_tokens"]
+                             "block_tokens", "cached_tokens", "index_s", "functions", "answers"]
         assert row["cached_tokens"] == 0 < row["block_tokens"]            # no cache unless asked
-        assert row["n_queries"] == len(sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True).queries)
+        wave = sp.build_wave(rec["messages"], rec["tools"], with_direct_call=True)
+        assert row["n_queries"] == len(wave.queries) == len(row["answers"])
+        assert list(row["answers"]) == [query_name(q) for q in wave.queries]
+        assert row["index_s"] is None and row["functions"] is None
         assert row["wave_s"] == pytest.approx(row["prefill_s"] + row["decode_s"])
         for call in (row["call"], row["direct_call"]):
             assert call is None or set(call) == {"name", "arguments"}
@@ -119,3 +128,107 @@ def test_launch_serves_the_adapter_and_stops(adapter, tmp_path):
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal (exit status -15)
     assert proc.popen.returncode in (0, -signal.SIGTERM) and health(proc.url) is None
     assert "Traceback" not in proc.log_tail(100_000)
+
+
+# ------------------------------------------------------------------------------------------ function-first, no model
+
+NEWS = {"type": "function", "function": {"name": "get_news", "parameters": {
+    "type": "object", "properties": {"topic": {"type": "string"}}}}}
+TOOLS = [*SERVER_TOOLS, NEWS]
+ANSWERS = {"Query: tool index": "0", "Query: get_weather.city": '"Paris"', "Query: get_weather.unit": '"kelvin"',
+           "Query: get_news.topic": '"rain"', "Query: get_time.tz": '"UTC"',
+           "Query: call": '{"name":"get_weather","arguments":{"city":"Lyon"}}'}
+
+
+class FakeSidecar:
+    """Answers each query by its line, 0.5 s a wave; ``top`` is the index answer's first token's top logprobs."""
+
+    layout = sp.LAYOUT_VERSION
+
+    def __init__(self, top=None):
+        self.top, self.waves, self.kwargs = top, [], []
+
+    def answer(self, wave, **kw):
+        self.waves.append(wave)
+        self.kwargs.append(kw)
+        top = [[self.top]] if kw.get("logprobs") and self.top is not None else None
+        return SimpleNamespace(answers=[ANSWERS.get(q.text.strip(), "null") for q in wave.queries], wave_s=0.5,
+                               prefill_s=0.375, decode_s=0.125, block_tokens=100,
+                               cached_tokens=90 if len(self.waves) > 1 else 0, top_logprobs=top)
+
+
+def test_predict_function_first_asks_the_candidates_arguments_only():
+    sidecar = FakeSidecar({"0": math.log(0.6), " 2": math.log(0.3), "1": math.log(0.05)})
+    [row] = predict_records(sidecar, [{"id": "r", "messages": MESSAGES, "tools": TOOLS}], wave="function-first",
+                            top_k=3, min_prob=0.1)
+    assert sidecar.kwargs == [{"logprobs": 5, "max_new_tokens": 1}, {}]
+    assert sidecar.waves == [sw.index_wave(MESSAGES, TOOLS),
+                             sw.argument_wave(MESSAGES, TOOLS, ["get_weather", "get_news"], with_direct_call=True)]
+    assert row == {"id": "r", "call": {"name": "get_weather", "arguments": {"city": "Paris"}},   # kelvin: no enum
+                   "direct_call": {"name": "get_weather", "arguments": {"city": "Lyon"}},
+                   "wave_s": 1.0, "prefill_s": 0.75, "decode_s": 0.25, "n_queries": 5, "block_tokens": 200,
+                   "cached_tokens": 90, "index_s": 0.5, "functions": ["get_weather", "get_news"],
+                   "answers": {"index": "0", "get_weather.city": '"Paris"', "get_weather.unit": '"kelvin"',
+                               "get_news.topic": '"rain"', "call": ANSWERS["Query: call"]}}
+    assert cost_line([row]) == "median prefill 0.750 s, wave 1.000 s, block 200 tokens, 45% of them cached (1 records)"
+
+
+@pytest.mark.parametrize("top_k, top, functions", [(1, {"2": -0.1}, ["get_weather"]),     # no logprobs asked
+                                                   (2, None, ["get_weather"]),            # none given
+                                                   (2, "garbage", ["get_weather"])])
+def test_predict_function_first_falls_back_to_the_greedy_function(top_k, top, functions):
+    sidecar = FakeSidecar(top)
+    [row] = predict_records(sidecar, [{"id": "r", "messages": MESSAGES, "tools": TOOLS}], wave="function-first",
+                            top_k=top_k)
+    assert row["functions"] == functions and list(row["answers"]) == ["index", "get_weather.city",
+                                                                      "get_weather.unit", "call"]
+    assert sidecar.kwargs[0] == {"logprobs": 5 if top_k > 1 else 0, "max_new_tokens": 1}
+
+
+def test_predict_cli_passes_wave_and_engine(monkeypatch, tmp_path, capsys):
+    made = []
+
+    def from_adapter(adapter, **kw):
+        made.append(kw)
+        return FakeSidecar()
+
+    monkeypatch.setattr(Sidecar, "from_adapter", from_adapter)
+    out = tmp_path / "p.jsonl"
+    base = ["sidecar", "predict", "--adapter", str(tmp_path), "--dataset", str(RECORDS), "--out", str(out),
+            "--limit", "2"]
+    assert cli.main([*base, "--wave", "function-first", "--engine", "llama.cpp", "--top-k", "1"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["index_s"] == 0.5 and len(r["functions"]) == 1 for r in rows)
+    assert cli.main(base) == 0
+    assert made == [{"threads": None, "dtype": "auto", "engine": engine} for engine in ("llama.cpp", "transformers")]
+    assert "median prefill" in capsys.readouterr().out
+    for bad in (["--top-k", "0"], ["--min-prob", "2"]):
+        with pytest.raises(SystemExit, match="top_k|min_prob"):
+            cli.main([*base, "--wave", "function-first", *bad])
+
+
+def test_serve_cli_passes_the_engine(monkeypatch):
+    from ooospec.runtime.serve import sidecar_app
+
+    calls = []
+    monkeypatch.setattr(sidecar_app, "serve", lambda adapter, **kw: calls.append(kw))
+    assert cli.main(["sidecar", "serve", "--engine", "llama.cpp", "--no-calibrate"]) == 0
+    assert cli.main(["sidecar", "serve"]) == 0
+    assert [c["engine"] for c in calls] == ["llama.cpp", "transformers"]
+
+
+def test_predict_function_first_on_the_tiny_adapter(adapter, tmp_path):
+    out = tmp_path / "p.jsonl"
+    assert cli.main(["sidecar", "predict", "--adapter", str(adapter), "--dataset", str(RECORDS), "--out", str(out),
+                     "--threads", "1", "--limit", "2", "--wave", "function-first", "--top-k", "3",
+                     "--min-prob", "0"]) == 0
+    records = [json.loads(line) for line in RECORDS.read_text().splitlines()][:2]
+    for row, rec in zip((json.loads(line) for line in out.read_text().splitlines()), records):
+        names = [sp.tool_name(t) for t in rec["tools"]]
+        second = sw.argument_wave(rec["messages"], rec["tools"], row["functions"], with_direct_call=True)
+        assert 0 < row["index_s"] <= row["wave_s"] == pytest.approx(row["prefill_s"] + row["decode_s"])
+        assert set(row["functions"]) <= set(names) and len(row["functions"]) <= 3
+        assert list(row["answers"]) == ["index", *(query_name(q) for q in second.queries)]
+        assert row["n_queries"] == 1 + len(second.queries)
+        assert len(row["answers"]["index"].encode()) <= 4            # one byte a token: the index wave's 4 tokens
+        assert row["call"] is None or row["call"]["name"] == row["functions"][0]

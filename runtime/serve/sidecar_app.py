@@ -51,24 +51,24 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
-import torch
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.serve.admission import TransportLimits, admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 from ooospec.runtime.session import PrefixCache
-from ooospec.runtime.sidecar import Sidecar, WaveCancelled, decode_branches, measure_wave_cost
+from ooospec.runtime.sidecar import Sidecar, WaveCancelled, by_text
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
 DEFAULT_PREFIX_CACHE_TOKENS = 16384   # ~400 MB of fp32 KV for a 0.5B Qwen2.5 sidecar (24 KB per token)
 MODEL_NAME = "sidecar"          # the served model name (vLLM: --lora-modules sidecar=DIR)
+MAX_LOGPROBS = 5                # OpenAI's bound on a completions request's ``logprobs``
 
 
 @dataclass(frozen=True)
@@ -211,35 +211,38 @@ def check_wave(groups: Sequence[Group], limits: Limits, *, vocab_size: int, max_
 
 def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop: Sequence[str] = (),
              add_special_tokens: bool = True, limits: Limits = Limits(),
-             should_stop: Callable[[], bool] | None = None) -> dict:
+             should_stop: Callable[[], bool] | None = None, logprobs: int = 0) -> dict:
     """Greedy completions of ``prompts``: ``{"choices", "usage", "ooospec"}`` (no id/model; see :func:`create_app`).
 
     Each choice's text equals greedy decoding of its prompt alone, cut after EOS, at ``max_tokens`` or at the
     first stop string. ``should_stop`` (polled before every forward) abandons the work with
-    :class:`~ooospec.runtime.sidecar.WaveCancelled`.
+    :class:`~ooospec.runtime.sidecar.WaveCancelled`. ``logprobs`` (k > 0): each choice carries OpenAI's legacy
+    ``logprobs`` object for its tokens (:func:`openai_logprobs`).
     """
     tok = sidecar.tokenizer
     t0 = time.perf_counter()
     groups, shared = tokenize_prompts(tok, prompts, add_special_tokens)
     t1 = time.perf_counter()
-    check_wave(groups, limits, vocab_size=sidecar.model.config.vocab_size, max_draft_nodes=sidecar.max_draft_nodes)
+    check_wave(groups, limits, vocab_size=sidecar.vocab_size, max_draft_nodes=sidecar.max_draft_nodes)
     eos = list(sidecar.eos_token_ids)
     out: list[list[int]] = [[] for _ in prompts]
     stats = {"prefill_s": 0.0, "decode_s": 0.0, "n_forwards": 0, "block_tokens": 0, "query_tokens": 0,
              "drafted": 0, "accepted": 0, "cached_tokens": 0}
+    top: list[list[dict[int, float]]] = [[] for _ in prompts]
     for g in groups:
-        toks, st = decode_branches(sidecar.model, g.block, g.queries, max_new_tokens=max_tokens, eos_token_ids=eos,
-                                   should_stop=should_stop, propose=sidecar.drafter(g.block, g.queries),
-                                   max_draft_nodes=sidecar.max_draft_nodes,
-                                   prefix_cache=getattr(sidecar, "prefix_cache", None))
-        for i, t in zip(g.members, toks):
+        toks, st = sidecar.decode(g.block, g.queries, max_new_tokens=max_tokens, should_stop=should_stop,
+                                  logprobs=logprobs)
+        for j, (i, t) in enumerate(zip(g.members, toks)):
             out[i] = t
+            if logprobs:
+                top[i] = st["top_logprobs"][j]
         for k in stats:
             stats[k] += st[k]
     choices = []
     for i, (text, toks) in enumerate(zip(tok.batch_decode(out, skip_special_tokens=True), out)):
         text, reason = finish_text(text, toks, eos, stop)
-        choices.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+        choices.append({"index": i, "text": text, "finish_reason": reason,
+                        "logprobs": openai_logprobs(tok, toks, top[i]) if logprobs else None})
     prompt_tokens = sum(len(g.block) + len(q) for g in groups for q in g.queries)
     completion_tokens = sum(len(t) for t in out)
     return {"choices": choices,
@@ -248,13 +251,28 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
             "ooospec": {**stats, "tokenize_s": t1 - t0, "shared_block": shared, "num_passes": len(groups)}}
 
 
+def openai_logprobs(tokenizer, tokens: Sequence[int], top: Sequence[Mapping[int, float]]) -> dict:
+    """OpenAI's legacy completions ``logprobs`` object (vLLM's too) for one choice: ``tokens``, ``token_logprobs``
+    (None where the token is not among the top-k), ``top_logprobs`` (text -> logprob) and ``text_offset``."""
+    texts = [tokenizer.decode([t]) for t in tokens]
+    offsets, at = [], 0
+    for t in texts:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": texts, "token_logprobs": [step.get(t) for t, step in zip(tokens, top)],
+            "top_logprobs": [by_text(tokenizer, step) for step in top],
+            "text_offset": offsets}
+
+
 def check_request(req: CompletionRequest, served: str, limits: Limits) -> tuple[list[str], list[str]]:
     """``(prompts, stops)`` of a valid request; raises :class:`RequestError` (4xx) otherwise."""
     if req.model is not None and req.model != served:
         raise RequestError(404, f"The model `{req.model}` does not exist (served: {served!r}).", "model")
-    if req.stream or req.echo or req.logprobs is not None or req.n != 1 or (req.best_of or 1) != 1:
-        raise RequestError(400, "stream, echo, logprobs, n > 1 and best_of > 1 are not supported: this server "
-                                "returns one greedy completion per prompt")
+    if req.stream or req.echo or req.n != 1 or (req.best_of or 1) != 1:
+        raise RequestError(400, "stream, echo, n > 1 and best_of > 1 are not supported: this server returns one "
+                                "greedy completion per prompt")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise RequestError(400, f"logprobs={req.logprobs} outside [0, {MAX_LOGPROBS}]", "logprobs")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise RequestError(400, f"temperature={req.temperature} outside [0, 2]", "temperature")
     if req.temperature:
@@ -287,9 +305,9 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
-                "threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
-                "dtype": str(next(sidecar.model.parameters()).dtype).removeprefix("torch."),
-                "prefix_cache": None if (cache := getattr(sidecar, "prefix_cache", None)) is None else cache.to_dict(),
+                "threads": sidecar.threads,
+                "cpus": sorted(os.sched_getaffinity(0)), "engine": sidecar.engine, "dtype": sidecar.weights,
+                "prefix_cache": sidecar.cache_info(),
                 "calibration": getattr(sidecar, "calibration", None)}
 
     @app.get("/v1/models")
@@ -310,7 +328,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
                     return await anyio.to_thread.run_sync(
                         lambda: complete(sidecar, prompts, max_tokens=req.max_tokens, stop=stops,
                                          add_special_tokens=req.add_special_tokens, limits=limits,
-                                         should_stop=stop.is_set)), t_start
+                                         should_stop=stop.is_set, logprobs=req.logprobs or 0)), t_start
                 except WaveCancelled:
                     state["cancelled"] = state.get("cancelled", 0) + 1
                     raise RequestError(499, "the client closed the request; its wave was abandoned") from None
@@ -327,8 +345,12 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
 def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           threads: int | None = None, cpus: Sequence[int] | None = None, dtype: str = "fp32",
           limits: Limits = Limits(), prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
-          calibrate: bool = True) -> None:
+          calibrate: bool = True, engine: str = "transformers") -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
+
+    ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.ENGINES`): ``transformers`` (the base
+    dequantized, ``dtype``) or ``llama.cpp`` (the base's registry GGUF + the adapter as a llama.cpp LoRA; it keeps
+    the last block in its KV instead of a prefix cache, so ``prefix_cache_tokens`` does not apply).
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
     ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.session.PrefixCache`,
@@ -344,17 +366,17 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
     if not is_loopback(host):
         logger.warning("serving on %s: the sidecar server has no authentication; keep it on loopback "
                        "(127.0.0.1) unless the network is yours", host)
-    sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype)
-    if prefix_cache_tokens > 0:
+    sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype, engine=engine)
+    if prefix_cache_tokens > 0 and sidecar.engine == "transformers":
         sidecar.prefix_cache = PrefixCache(max_tokens=prefix_cache_tokens)
     if calibrate:
-        sidecar.calibration = measure_wave_cost(sidecar.model, vocab_size=sidecar.model.config.vocab_size,
-                                                max_draft_nodes=sidecar.max_draft_nodes)
+        sidecar.calibration = sidecar.calibrate()
         logger.info("wave cost on this machine: %.2f ms per prefill token, %.1f ms per decode forward of %d "
                     "queries (calibration took %.1f s)", 1e3 * sidecar.calibration["prefill_per_token"],
                     1e3 * sidecar.calibration["decode_forward_s"], sidecar.calibration["num_queries"],
                     sidecar.calibration["seconds"])
     app = create_app(sidecar, limits=limits)
-    logger.info("sidecar serving on http://%s:%d (threads=%s, cpus=%s)", host, port, threads, cpus)
+    logger.info("sidecar serving on http://%s:%d (engine=%s, threads=%s, cpus=%s)", host, port, sidecar.engine,
+                threads, cpus)
     uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,
                                  grace_s=limits.shutdown_grace_s)).run()

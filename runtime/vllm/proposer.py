@@ -57,6 +57,9 @@ class ProposerConfig:
         sidecar_model: the served sidecar's model name (``sidecar`` for ours, the ``--lora-modules`` name on vLLM).
         sidecar_layout: the prompt layout the adapter learned; None = ask the server (``/health``), and where it
             reports none (vLLM serving the adapter as a LoRA) the shipped adapter's layout.
+        sidecar_wave: ``all`` (the index and every tool's arguments in one wave) or ``function-first`` (the index,
+            then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar_client.SidecarClient`).
+        sidecar_top_k: function-first's most candidate functions.
         chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`).
         max_requests: request states kept at most (the oldest is dropped; a preempted request that never returns).
     """
@@ -65,6 +68,8 @@ class ProposerConfig:
     sidecar_url: str | None = None
     sidecar_model: str = "sidecar"
     sidecar_layout: int | None = None
+    sidecar_wave: str = "all"
+    sidecar_top_k: int = 2
     chain_cost_slope: float = 0.02
     max_requests: int = 4096
 
@@ -150,7 +155,8 @@ class ChainProposer:
             from ooospec.runtime.sidecar_client import SidecarClient, adapter_layout
 
             self.sidecar = SidecarClient(self.config.sidecar_url, model=self.config.sidecar_model,
-                                         layout=self.config.sidecar_layout, fallback_layout=adapter_layout())
+                                         layout=self.config.sidecar_layout, fallback_layout=adapter_layout(),
+                                         wave=self.config.sidecar_wave, top_k=self.config.sidecar_top_k)
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.faults: dict[str, int] = {}
         self.totals = {"requests": 0, "steps": 0, "drafted": 0, "accepted": 0}

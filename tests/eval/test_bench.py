@@ -675,3 +675,73 @@ def test_llamacpp_peers_need_a_gguf_and_hf_peers_need_hf(target):
 
     with pytest.raises(ValueError, match="need --backend hf"):
         bench_methods.build_methods(["ar", "hf-pld"], FakeLlamaCppTarget(), tok, eos_token_ids=[258], gguf="x.gguf")
+
+
+def test_sidecar_wave_options_reach_the_client():
+    import argparse
+
+    from ooospec.eval import bench, hint_sources
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--target", "t", "--dataset", "d", "--sidecar-url", "http://127.0.0.1:9",
+                         "--sidecar-wave", "function-first", "--sidecar-top-k", "3", "--sidecar-min-prob", "0.2"])
+    options = bench.hint_options(args)
+    assert (options.sidecar_wave, options.sidecar_top_k, options.sidecar_min_prob) == ("function-first", 3, 0.2)
+    proc, hints = hint_sources.start_hints(options, 1)          # nothing is contacted until a request
+    client = hints.client
+    assert proc is None and (client.wave, client.top_k, client.min_prob) == ("function-first", 3, 0.2)
+    assert bench.hint_options(p.parse_args(["--target", "t", "--dataset", "d"])).sidecar_wave == "all"
+    with pytest.raises(ValueError, match="top_k"):
+        hint_sources.HintOptions(sidecar_wave="function-first", sidecar_top_k=0)
+
+
+def test_released_guess_replays_each_bank_at_its_measured_latency():
+    """``dedicated`` (the emulation): the wave ran alone; its early bank is released at the early latency and the
+    final one at the final latency, both counted from the target's start, never before."""
+    import time
+
+    from ooospec.eval.ooospec_method import ReleasedGuess
+    from ooospec.runtime.hints import HintBank
+
+    early, final = HintBank({"v": [1, 2]}), HintBank({"v": [1, 2, 3]})
+
+    class Finished:                        # a function-first request whose two banks came at 0.05 s and 0.1 s
+        done = True
+
+        def poll(self):
+            return final
+
+    guess = ReleasedGuess(Finished(), [(0.05, early), (0.10, final)], 0.10)
+    assert guess.poll() is None and not guess.done
+    time.sleep(0.06)
+    assert guess.poll() is early and not guess.done
+    time.sleep(0.05)
+    assert guess.poll() is final and guess.done
+
+
+def test_the_dedicated_emulation_times_the_wave_alone_and_keeps_the_output(target, results):
+    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.runtime.deployments import DEPLOYMENTS
+    from ooospec.runtime.serve.sidecar_app import create_app
+    from ooospec.runtime.sidecar import Sidecar
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from tests.runtime.conftest import tiny_model
+    from tests.runtime.sidecar_servers import running_app
+
+    model, tok = target
+    sidecar = Sidecar(tiny_model("llama"), tok, max_new_tokens=6, metadata={"layout_version": 3})
+    with running_app(create_app(sidecar)) as url:
+        hints = SidecarHints(SidecarClient(url, max_tokens=6, wave="function-first"), DEPLOYMENTS["dedicated"], 1)
+        factories, _ = bench_methods.build_methods(["ar", "ooospec"], model, tok,
+                                                   eos_token_ids=bench_methods.eos_ids(model, tok), hints=hints)
+        res = harness.run_bench(model, tok, toy_records(), factories, fmt=detect_format(tok), max_new_tokens=24,
+                                progress=False, warmup=0)
+    cold = {(r["id"], r["method"]): r["tokens"] for r in results["examples"]}
+    rows = [r for r in res["examples"] if r["method"] == "ooospec"]
+    assert [r["tokens"] for r in rows] == [cold[(r["id"], "ar")] for r in rows]
+    for row in rows:
+        h = row["hints"]
+        assert h["emulated"] and h["deployment"] == "dedicated"
+        if h["error"] is None and h["ready_s"] is not None:      # a wave that ended: its banks were scheduled
+            assert h["released_s"] and h["released_s"][-1] == pytest.approx(h["ready_s"], abs=0.01)

@@ -61,10 +61,19 @@ class StandIn:
     ``(time.perf_counter(), request JSON)`` per request. With a ``gate``, every answer waits until the test sets
     it (or the server stops), so a test knows the client cannot have had an answer before that. ``GET /health``
     answers ``health`` (default ``{"status": "ok"}``, no layout: like vLLM) and is counted in ``health_gets``.
+
+    Two-stage (function-first) waves: ``later_mode`` answers the second and later requests instead of ``mode``;
+    with ``hold`` they wait until the test sets it (or the server stops). A request asking ``logprobs`` gets
+    ``top_logprobs`` (whatever it is, malformed included) as its first choice's first token's top logprobs (none
+    when None), or, with ``refuse_logprobs``, HTTP 400 naming them (as our server did before it had them).
     """
 
-    def __init__(self, mode: str, answers: list[str] | None = None, gate: threading.Event | None = None):
+    def __init__(self, mode: str, answers: list[str] | None = None, gate: threading.Event | None = None, *,
+                 later_mode: str | None = None, hold: threading.Event | None = None, top_logprobs=None,
+                 refuse_logprobs: bool = False):
         self.mode, self.answers, self.gate = mode, answers or [], gate
+        self.later_mode, self.hold = later_mode, hold
+        self.top_logprobs, self.refuse_logprobs = top_logprobs, refuse_logprobs
         self.received: list[tuple[float, dict]] = []
         self.health: dict = {"status": "ok"}
         self.health_gets = 0
@@ -86,8 +95,9 @@ class StandIn:
 
     def __exit__(self, *exc) -> None:
         self.stop_event.set()
-        if self.gate is not None:
-            self.gate.set()
+        for event in (self.gate, self.hold):
+            if event is not None:
+                event.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
@@ -137,9 +147,15 @@ class _Handler(BaseHTTPRequestHandler):
         st: StandIn = self.server.standin
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         st.received.append((time.perf_counter(), req))
+        later = len(st.received) > 1
         if st.gate is not None:
             st.gate.wait()
-        self.answer(st, req)
+        if later and st.hold is not None:
+            st.hold.wait()
+        if st.refuse_logprobs and req.get("logprobs"):
+            self._send(400, b'{"error": {"message": "stream, echo, logprobs are not supported"}}')
+            return
+        self.answer(st, req, st.later_mode if later and st.later_mode else st.mode)
 
     def _send(self, status: int, body: bytes, length: bool = True) -> None:
         self.send_response(status)
@@ -151,15 +167,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def answer(self, st: StandIn, req: dict) -> None:
+    def answer(self, st: StandIn, req: dict, mode: str) -> None:
         n = len(req["prompt"])
         good = json.dumps(completion(st.answers)).encode()
-        mode = st.mode
         if mode == "good":
             self._send(200, good)
         elif mode == "by_query":                       # each prompt answered by its query line
             texts = [ANSWERS_BY_QUERY.get(query_line(p), "null") for p in req["prompt"]]
-            self._send(200, json.dumps(completion(texts, SERVER_STATS)).encode())
+            out = completion(texts, SERVER_STATS)
+            if req.get("logprobs") and st.top_logprobs is not None:
+                out["choices"][0]["logprobs"] = {"tokens": [texts[0][:1]], "top_logprobs": [st.top_logprobs]}
+            self._send(200, json.dumps(out).encode())
         elif mode == "slow":
             st.stop_event.wait(1.0)
             self._send(200, good)

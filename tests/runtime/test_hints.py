@@ -139,6 +139,27 @@ def test_drafter_polls_without_blocking_until_ready():
     assert s.num_accepted_tokens is None and s.used is None and s.num_views == 1
 
 
+def test_drafter_takes_the_final_bank_of_a_source_that_is_not_done():
+    class TwoBanks:                     # a function-first wave: an early bank, later the final one
+        done = False
+
+        def __init__(self):
+            self.bank, self.polls = HintBank({"early": [9, 1, 5]}), 0
+
+        def poll(self):
+            self.polls += 1
+            return self.bank
+
+    src = TwoBanks()
+    d = HintDrafter(src)
+    assert d.propose(DraftContext((9, 1), 1, 0)) == [[5]]
+    src.bank, src.done = HintBank({"final": [9, 1, 2, 3]}), True
+    assert d.propose(DraftContext((9, 1), 1, 1)) == [[2, 3]]       # swapped while the source said done
+    assert d.propose(DraftContext((9, 1), 1, 2)) == [[2, 3]] and src.polls == 2    # then polled no more
+    s = d.stats()
+    assert (s.ready_step, s.num_polls, s.num_views) == (0, 1, 1)
+
+
 # ------------------------------------------------------------------------------------------ exactness
 
 

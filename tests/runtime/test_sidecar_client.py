@@ -4,6 +4,7 @@ only the hints: the engine's output equals AR and generate() never waits. Plus t
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -11,12 +12,14 @@ import time
 import pytest
 
 from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime import sidecar_waves as sw
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintDrafter, render_views, tokenize_views
 from ooospec.runtime.methods import REGISTRY, make_engine
 from ooospec.runtime.pld import PromptLookupDrafter
 from ooospec.runtime.sidecar_client import SidecarClient, parse_response
 from ooospec.runtime.sidecar_process import free_port, start_server
+from ooospec.runtime.wave_gate import WaveDecision, query_name
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import HANG_S, MESSAGES, TOOLS, StandIn
@@ -196,3 +199,145 @@ def test_start_server_reports_an_early_exit_and_a_timeout(tmp_path):
         start_server([sys.executable, "-c", "import time; time.sleep(60)"], url, startup_timeout=0.5,
                      log_path=tmp_path / "b.log")
     assert time.perf_counter() - t0 < 15
+
+
+# ------------------------------------------------------------------------------------------ function-first waves
+
+NEWS = {"type": "function", "function": {"name": "get_news", "parameters": {
+    "type": "object", "properties": {"topic": {"type": "string"}}}}}
+PING = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+TOOLS3 = [*TOOLS, NEWS]
+WEATHER_CALL = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+# the index answer's first token: "0" greedy, " 2" (p 0.2) a candidate, "1" (p 0.02) too unlikely, "7" out of range
+TOP = {"0": math.log(0.7), " 2": math.log(0.2), "1": math.log(0.02), "7": math.log(0.05), "x": math.log(0.03)}
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_function_first_publishes_the_names_then_the_candidates_calls():
+    tok, hold = byte_tokenizer(), threading.Event()
+    with StandIn("by_query", hold=hold, top_logprobs=TOP) as server:       # stage 2 waits for the test
+        client = SidecarClient(server.url, max_tokens=32, wave="function-first", top_k=3, min_prob=0.1)
+        req = client.submit(MESSAGES, TOOLS3, fmt=hermes, tokenizer=tok)
+        wait_for(lambda: req.poll() is not None and len(server.received) == 2)
+        early, st = req.poll(), req.stats()
+        assert early.calls == [{"name": "get_weather", "arguments": {}}, {"name": "get_news", "arguments": {}}]
+        assert not req.done and st.ready_t is None and st.early_t is not None and st.call is None
+        assert st.functions == ["get_weather", "get_news"] and st.index_s > 0
+        hold.set()
+        bank = req.wait(10)
+    assert st.error is None, st.error_detail
+    (t1, stage1), (t2, stage2) = server.received
+    block = sp.shared_block(MESSAGES, TOOLS3, layout=sp.LAYOUT_VERSION)
+    assert stage1 == {"model": "sidecar", "prompt": [block + "Query: tool index\n"], "max_tokens": 1,
+                      "temperature": 0, "add_special_tokens": False, "logprobs": 5}
+    assert stage2 == {"model": "sidecar", "max_tokens": 32, "temperature": 0, "add_special_tokens": False,
+                      "prompt": sw.argument_wave(MESSAGES, TOOLS3, ["get_weather", "get_news"]).prompts()}
+    assert server.queries[1] == ["Query: get_weather.city", "Query: get_weather.unit", "Query: get_news.topic"]
+    assert bank.calls == [WEATHER_CALL, {"name": "get_news", "arguments": {}}]     # topic answered null
+    assert st.call == WEATHER_CALL and st.n_queries == 4
+    assert st.sent_t <= t1 <= t2 <= st.response_t and st.early_t <= st.ready_t
+    assert st.wave_s > st.index_s > 0
+    assert st.server["n_forwards"] == 4 and st.server["prefill_s"] == pytest.approx(0.02)   # both stages'
+
+
+@pytest.mark.parametrize("top, top_k, asks_logprobs", [
+    (None, 2, True),                  # the server gave no logprobs
+    ("garbage", 2, True),             # or a malformed object
+    ([{"2": -0.1}], 2, True),
+    ({"2": -0.01}, 1, False),         # top_k 1: none asked
+])
+def test_function_first_falls_back_to_the_greedy_function(top, top_k, asks_logprobs):
+    with StandIn("by_query", top_logprobs=top) as server:
+        req = SidecarClient(server.url, wave="function-first", top_k=top_k).submit(MESSAGES, TOOLS3, fmt=hermes,
+                                                                                   tokenizer=byte_tokenizer())
+        bank = req.wait(10)
+    st = req.stats()
+    assert st.error is None and st.functions == ["get_weather"], st.error_detail
+    assert ("logprobs" in server.received[0][1]) == asks_logprobs
+    assert server.queries[1] == ["Query: get_weather.city", "Query: get_weather.unit"]
+    assert bank.calls == [WEATHER_CALL] and st.call == WEATHER_CALL
+
+
+def test_function_first_stage_two_failure_keeps_the_early_bank():
+    with StandIn("by_query", later_mode="http_500") as server:
+        req = SidecarClient(server.url, wave="function-first").submit(MESSAGES, TOOLS, fmt=hermes,
+                                                                      tokenizer=byte_tokenizer())
+        bank = req.wait(10)
+    st = req.stats()
+    assert len(server.received) == 2 and st.error == "http_status" and "500" in st.error_detail
+    assert bank is req.poll() and bank.calls == [{"name": "get_weather", "arguments": {}}]
+    assert st.call is None and st.ready_t is None and st.early_t is not None
+
+
+def test_function_first_cancel_between_the_stages_keeps_the_early_bank():
+    hold = threading.Event()
+    with StandIn("by_query", hold=hold) as server:
+        req = SidecarClient(server.url, wave="function-first").submit(MESSAGES, TOOLS, fmt=hermes,
+                                                                      tokenizer=byte_tokenizer())
+        wait_for(lambda: len(server.received) == 2)
+        req.cancel()
+        assert req.wait(5) is not None and req.done
+    assert req.stats().error == "cancelled" and req.poll().calls == [{"name": "get_weather", "arguments": {}}]
+
+
+def test_function_first_tool_without_parameters_needs_one_request():
+    with StandIn("by_query") as server:                # index "0": ping, whose {} call is complete
+        req = SidecarClient(server.url, wave="function-first").submit(MESSAGES, [PING, *TOOLS], fmt=hermes,
+                                                                      tokenizer=byte_tokenizer())
+        bank = req.wait(10)
+    st = req.stats()
+    assert len(server.received) == 1 and st.error is None
+    assert bank.calls == [{"name": "ping", "arguments": {}}] and st.call == {"name": "ping", "arguments": {}}
+    assert st.ready_t == st.early_t is not None and st.n_queries == 1
+
+
+def test_function_first_asks_a_server_that_refuses_logprobs_without_them():
+    with StandIn("by_query", refuse_logprobs=True) as server:
+        client = SidecarClient(server.url, wave="function-first")
+        first = client.submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=byte_tokenizer())
+        first.wait(10)
+        second = client.submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=byte_tokenizer())
+        second.wait(10)
+    assert [("logprobs" in body) for _, body in server.received] == [True, False, False, False, False]
+    assert client.logprobs_refused and first.stats().call == second.stats().call == WEATHER_CALL
+
+
+class FixedGate:
+    """A wave gate that always decides ``kind``; ``slots`` keeps the index and get_weather.city only."""
+
+    server_prefix_cache = False
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def decide(self, wave, tools):
+        kept = wave.queries[:1] if self.kind == "index" else wave.queries[:2]
+        return WaveDecision(self.kind, 0.0, 0.0, tuple(query_name(q) for q in kept), (), {}, "key",
+                            wave=sp.Wave(wave.block, kept))
+
+
+@pytest.mark.parametrize("kind, stage2, call", [
+    ("index", None, {"name": "get_weather", "arguments": {}}),
+    ("slots", ["Query: get_weather.city"], {"name": "get_weather", "arguments": {"city": "Paris"}}),
+])
+def test_function_first_keeps_the_gates_decision(kind, stage2, call):
+    with StandIn("by_query", top_logprobs={"1": math.log(0.4)}) as server:
+        client = SidecarClient(server.url, wave="function-first", gate=FixedGate(kind))
+        req = client.submit(MESSAGES, TOOLS, fmt=hermes, tokenizer=byte_tokenizer())
+        bank = req.wait(10)
+    st = req.stats()
+    assert st.error is None and st.decision["decision"] == kind, st.error_detail
+    assert server.queries[1:] == ([] if stage2 is None else [stage2])       # get_time.tz was not kept
+    assert st.functions == ["get_weather", "get_time"] and st.call == call and bank.calls[0] == call
+
+
+def test_client_rejects_bad_wave_options():
+    for kw in ({"wave": "some"}, {"top_k": 0}, {"min_prob": -0.1}):
+        with pytest.raises(ValueError, match="wave|top_k|min_prob"):
+            SidecarClient("http://127.0.0.1:1", **kw)

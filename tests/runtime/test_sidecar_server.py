@@ -202,8 +202,29 @@ def test_stop_strings_cut_the_text(server):
                                                     "finish_reason": "stop", "logprobs": None}
 
 
+def test_logprobs_are_openais_legacy_object_of_each_answer_token(server):
+    url, model, tok = server
+    prompts = sp.build_wave(RECORDS[0]["messages"], RECORDS[0]["tools"][:2]).prompts()[:3]
+    status, resp = post(url, {"prompt": prompts, "max_tokens": 5, "logprobs": 3})
+    assert status == 200, resp
+    for p, c in zip(prompts, resp["choices"]):
+        ids = torch.tensor([tok(p, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            first = torch.log_softmax(model(ids).logits[0, -1].float(), -1)
+        lp = c["logprobs"]
+        assert len(lp["tokens"]) == len(lp["top_logprobs"]) == len(lp["token_logprobs"]) == len(lp["text_offset"])
+        assert all(len(step) <= 3 for step in lp["top_logprobs"])    # distinct ids may decode to one text
+        best = int(first.argmax())
+        assert lp["tokens"][0] == tok.decode([best])
+        assert lp["token_logprobs"][0] == pytest.approx(float(first[best]), abs=1e-4)
+        for text, value in lp["top_logprobs"][0].items():    # ids sharing a text: the most likely one
+            same = [i for i in first.topk(3).indices.tolist() if tok.decode([i]) == text]
+            assert value == pytest.approx(max(float(first[i]) for i in same), abs=1e-4)
+
+
 @pytest.mark.parametrize("body, status, match", [
     (b"{not json", 400, "not valid JSON"),
+    ({"prompt": "x\ny", "logprobs": 6}, 400, "logprobs"),
     ({"max_tokens": 4}, 400, "prompt"),
     ({"prompt": [1, 2, 3]}, 400, "prompt"),
     ({"prompt": []}, 400, "between 1 and"),
@@ -234,6 +255,7 @@ def test_health_and_models(server):
     assert status == 200 and h["status"] == "ok" and h["model"] == "sidecar" and h["running"] == h["waiting"] == 0
     assert h["layout_version"] == sp.LAYOUT_VERSION and h["threads"] >= 1 and h["cpus"]
     assert h["dtype"] == str(next(server[1].parameters()).dtype).removeprefix("torch.") and h["calibration"] is None
+    assert h["engine"] == "transformers"
     assert get(server[0], "/v1/models")[1]["data"][0]["id"] == "sidecar"
 
 
