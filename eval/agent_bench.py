@@ -189,6 +189,10 @@ class HintsOnly:
     def poll(self):
         return self.guess.poll()
 
+    @property
+    def done(self) -> bool:
+        return self.guess.done
+
     def wait_call(self, timeout: float) -> None:
         return None
 

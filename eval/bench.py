@@ -121,6 +121,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: candidate tools at most")
     g.add_argument("--sidecar-min-prob", type=float, default=0.1,
                    help="function-first: probability a candidate besides the greedy one needs")
+    g.add_argument("--sidecar-engine", choices=("transformers", "llama.cpp", "auto"), default="transformers",
+                   help="what answers the waves of the sidecar server the bench starts (ooospec sidecar serve "
+                        "--engine)")
 
 
 def default_out(target: str, dataset: str) -> Path:
@@ -134,7 +137,7 @@ def hint_options(args: argparse.Namespace) -> HintOptions:
                        sidecar_adapter=args.sidecar_adapter, sidecar_deploy=args.sidecar_deploy,
                        sidecar_gate=args.sidecar_gate == deployments.GATE_ON, dtype=args.dtype,
                        warm_tools=args.warm_tools, sidecar_wave=args.sidecar_wave, sidecar_top_k=args.sidecar_top_k,
-                       sidecar_min_prob=args.sidecar_min_prob)
+                       sidecar_min_prob=args.sidecar_min_prob, sidecar_engine=args.sidecar_engine)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -211,7 +214,7 @@ def _run_with(args, names, records, out, threads, dtype, backend, gguf, model, t
               "hints": args.hints if methods.uses_sidecar(names) else None,
               "sidecar": ({"url": args.sidecar_url, "adapter": args.sidecar_adapter, "deployment": args.sidecar_deploy,
                            "gate": args.sidecar_gate, "wave": args.sidecar_wave, "top_k": args.sidecar_top_k,
-                           "min_prob": args.sidecar_min_prob}
+                           "min_prob": args.sidecar_min_prob, "engine": args.sidecar_engine}
                           if methods.uses_sidecar(names) and args.hints == methods.SIDECAR else None)}
     t0 = time.perf_counter()
 

@@ -71,6 +71,21 @@ class WarmCache:
         return kv
 
 
+def method_hints(method: methods.Method, hints):
+    """The hint source of an engine method: the run's sidecar (in the method's own deployment when it fixes one:
+    ``ooospec-dedicated``), or its time-zero ceiling."""
+    from ooospec.eval.ooospec_method import TIME_ZERO_HINTS, SidecarHints
+    from ooospec.runtime.deployments import get_deployment
+
+    if not method.uses_sidecar:
+        return TIME_ZERO_HINTS[method.hints]()
+    if method.deployment is None:
+        return hints
+    if not isinstance(hints, SidecarHints):
+        raise TypeError(f"method {method.name!r} needs a sidecar (--hints sidecar), not {type(hints).__name__}")
+    return SidecarHints(hints.client, get_deployment(method.deployment), hints.bench_threads)
+
+
 def decoder_method(decoder, hints=None) -> BenchMethod:
     """Adapt a :class:`~ooospec.runtime.methods.RequestDecoder` to the method API (with a ``warm`` hook).
 
@@ -150,7 +165,6 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
     sidecar); ``ooospec-gold`` always from the gold call, ``ooospec-oracle`` from ``ar``'s output of the same
     example (the ceilings).
     """
-    from ooospec.eval.ooospec_method import TIME_ZERO_HINTS
 
     unknown = [n for n in names if n not in methods.BENCH_METHODS]
     if unknown:
@@ -172,8 +186,7 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
             kw = {"record_margins": True} if name == BASELINE else {}
             factories[name] = lambda method=method, kw=kw: decoder_method(
                 methods.RequestDecoder(method, model, eos_token_ids=eos_token_ids, **kw),
-                hints=None if method.hints is None
-                else hints if method.uses_sidecar else TIME_ZERO_HINTS[method.hints]())
+                hints=None if method.hints is None else method_hints(method, hints))
         elif name in LLAMACPP_PEERS:
             factories[name] = llamacpp_peer_factory(name, gguf, threads=threads or hardware.available_cores(),
                                                     pld_tokens=pld_tokens)

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ooospec.eval.vllm_report import method_label
 from ooospec.reporting import fmt_cell, md_table
 from ooospec.runtime.methods import (
     BASELINE,
@@ -118,7 +119,7 @@ def hint_table(results: dict) -> list[str]:
     for name in names:
         h = results["methods"][name]["hints"]
         errors = ", ".join(f"{k} {v}" for k, v in sorted((h.get("errors") or {}).items())) or "-"
-        rows.append([name, *(cell(h, c) for c in HINT_COLUMNS), errors])
+        rows.append([method_label(name), *(cell(h, c) for c in HINT_COLUMNS), errors])
     table = md_table(["hints of", *(c[0] for c in HINT_COLUMNS), "errors"], rows,
                      align="l" + "r" * len(HINT_COLUMNS) + "l")
     return ["", table] + wave_vs_call_lines(results, names)
@@ -189,7 +190,8 @@ def adapter_line(results: dict) -> str | None:
 def markdown_table(results: dict) -> str:
     """The per-method summary as a markdown table (and the hint tables); the environment line, notes and
     mismatches under it."""
-    rows = [[name, *(cell(results["methods"][name], c) for c in COLUMNS)] for name in method_order(results)]
+    rows = [[method_label(name), *(cell(results["methods"][name], c) for c in COLUMNS)]
+            for name in method_order(results)]
     lines = [md_table(["method", *(c[0] for c in COLUMNS)], rows)]
     lines += hint_table(results)
     lines += hint_sources_table(results)

@@ -40,7 +40,8 @@ class HintOptions:
     request's toolbox is prefilled before its clock starts; False (cold): the started server keeps none.
     ``sidecar_wave``, ``sidecar_top_k``, ``sidecar_min_prob``: the client's wave mode (``all``, or
     ``function-first``: the index query, then only the candidate tools' argument queries;
-    :mod:`~ooospec.runtime.sidecar_waves`) and its candidates.
+    :mod:`~ooospec.runtime.sidecar_waves`) and its candidates. ``sidecar_engine``: what answers the waves of a
+    server started for the run (``transformers``, ``llama.cpp`` or ``auto``).
     """
 
     source: str = SIDECAR
@@ -54,6 +55,7 @@ class HintOptions:
     sidecar_wave: str = "all"
     sidecar_top_k: int = 2
     sidecar_min_prob: float = 0.1
+    sidecar_engine: str = "transformers"
 
     def __post_init__(self):
         if self.source not in methods.HINT_SOURCES:
@@ -84,7 +86,7 @@ def start_hints(options: HintOptions, bench_threads: int):
               f"cpus {cpus or 'all'}, {server_threads} thread(s))", file=sys.stderr)
         # cold runs start every wave from nothing; warm runs keep the block KV (a toolbox is prefilled once)
         proc = launch_sidecar(options.sidecar_adapter, threads=server_threads, cpus=cpus, dtype=options.dtype,
-                              prefix_cache_tokens=None if options.warm_tools else 0)
+                              prefix_cache_tokens=None if options.warm_tools else 0, engine=options.sidecar_engine)
         url = proc.url
     client = SidecarClient(url, model=options.sidecar_model, wave=options.sidecar_wave, top_k=options.sidecar_top_k,
                            min_prob=options.sidecar_min_prob)

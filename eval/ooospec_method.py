@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ooospec.runtime.deployments import Deployment
-from ooospec.runtime.hints import CallGuess, HintBank
+from ooospec.runtime.hints import CallGuess, HintBank, ScheduledBanks
 from ooospec.runtime.methods import BASELINE, GOLD, ORACLE, SIDECAR
 from ooospec.runtime.metrics import nearest_rank
 
@@ -145,15 +145,16 @@ class OracleHints(TimeZeroHints):
 TIME_ZERO_HINTS: dict[str, type[TimeZeroHints]] = {h.name: h for h in (GoldHints, OracleHints)}
 
 
-class ReleasedGuess:
+class ReleasedGuess(ScheduledBanks):
     """``dedicated`` (an EMULATION of the sidecar on a device of its own, as fast as this CPU): the wave ran alone
     (:meth:`after_alone`: nothing else ran while it did), and each bank it produced -- the early one of a
     function-first wave, then the final one -- is released to the target at the latency it had then, counted
-    from the target's start. A :class:`~ooospec.runtime.hints.CallGuess` delegating to the finished request."""
+    from the target's start (:class:`~ooospec.runtime.hints.ScheduledBanks`); the finished request ``req`` keeps
+    its stats and its gate."""
 
-    def __init__(self, req, schedule: Sequence[tuple[float, HintBank]], final_s: float | None):
-        self.req, self.schedule, self.final_s = req, list(schedule), final_s
-        self.start = time.perf_counter()
+    def __init__(self, req, schedule: Sequence[tuple[float, HintBank]]):
+        super().__init__(schedule)
+        self.req = req
 
     @classmethod
     def after_alone(cls, req, arrival: float, timeout: float = WAVE_FIRST_TIMEOUT_S) -> ReleasedGuess:
@@ -168,32 +169,7 @@ class ReleasedGuess:
             if done:
                 break
             time.sleep(0.0005)
-        final = schedule[-1][0] if schedule and req.done else None
-        return cls(req, schedule, final)
-
-    @property
-    def done(self) -> bool:
-        return self.final_s is None or time.perf_counter() - self.start >= self.final_s
-
-    def poll(self) -> HintBank | None:
-        now = time.perf_counter() - self.start
-        released = [bank for t, bank in self.schedule if t <= now]
-        return released[-1] if released else None
-
-    def wait_call(self, timeout: float) -> dict | None:
-        return self.req.wait_call(timeout)
-
-    def cancel(self) -> None:
-        self.req.cancel()
-
-    def report(self, result, hint_stats, calls: Sequence = ()) -> dict | None:
-        return self.req.report(result, hint_stats, calls)
-
-    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
-        self.req.observe_tool(tool_s, hit)
-
-    def stats(self):
-        return self.req.stats()
+        return cls(req, schedule)
 
 
 class SidecarHints:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
 from ooospec.eval.vllm_report import render_table
-from ooospec.eval.vllm_runs import run_method, run_server_method
+from ooospec.eval.vllm_runs import dedicated_schedules, run_method, run_server_method, sidecar_wave
 from ooospec.runtime.hardware import vllm_cpu_env
 from ooospec.runtime.methods import (
     DEFAULT_VLLM_BENCH_METHODS,
@@ -49,6 +49,7 @@ from ooospec.runtime.methods import (
     VLLM_PREFILL,
     VLLM_REFERENCE,
     drafting_with,
+    get_method,
 )
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 
@@ -148,7 +149,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-tools", action="store_true",
                    help="prefix caching on, and before each timed request (untimed) the cache holds exactly that "
                         "request's system + tools block, as for an agent reusing its toolbox (every method alike)")
-    p.add_argument("--sidecar-url", default=None, help="a running sidecar server, for method ooospec")
+    p.add_argument("--sidecar-url", default=None, help="a running sidecar server, for methods ooospec and "
+                                                        "ooospec-dedicated")
+    p.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",
+                   help="the sidecar client's wave: one pass over every tool's arguments, or the function index "
+                        "first, then the likeliest functions' arguments (runtime/sidecar_waves.py)")
+    p.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")
@@ -180,6 +186,12 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit("--warm-tools runs offline engines only (not with --serve-lora)")
         args.blocks = toolbox_blocks(records, prompts, tokenizer, fmt)
     params = sampling_params(args.model_dir, tokenizer, fmt, args.max_new_tokens)
+    if any(get_method(m).deployment == "dedicated" for m in order):
+        if not args.sidecar_url:
+            raise SystemExit("ooospec-dedicated needs --sidecar-url (its waves are timed alone on that server)")
+        print("timing each request's sidecar wave alone (the ooospec-dedicated emulation) ...", file=sys.stderr)
+        args.hint_schedules = dedicated_schedules(args.sidecar_url, records, tokenizer, fmt,
+                                                  wave=sidecar_wave(args), warm_tools=args.warm_tools)
     rows = previous_rows(args.out, records, prompts) if args.add else {}
     order = [m for m in order if m not in rows or m != VLLM_REFERENCE]     # --add: the earlier reference stands
     saved = Path(str(args.out) + ".rows")       # each method's rows as it finishes: a rerun resumes from them

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from ooospec.reporting import md_table
-from ooospec.runtime.methods import LLAMACPP_REFERENCE, VLLM_PREFILL, VLLM_REFERENCE
+from ooospec.runtime.methods import LLAMACPP_REFERENCE, REGISTRY, VLLM_PREFILL, VLLM_REFERENCE
 
 HEADERS = ["target", "benchmark", "n", f"{LLAMACPP_REFERENCE} s", f"{VLLM_REFERENCE} s", "prefill s", "method",
            "mean s", f"vs {VLLM_REFERENCE}", f"decode vs {VLLM_REFERENCE}", f"vs {LLAMACPP_REFERENCE}", "#MAT",
@@ -80,6 +80,19 @@ def _identical(s: dict) -> str:
     return f"{s['exact_rate']:.0%}" + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else "")
 
 
+def method_label(name: str) -> str:
+    """A method's row label: its name, ``(EMULATED)`` after a method whose deployment is an emulation.
+
+    >>> method_label("ooospec-dedicated"), method_label("toolspec")
+    ('ooospec-dedicated (EMULATED)', 'toolspec')
+    """
+    from ooospec.runtime.deployments import DEPLOYMENTS
+
+    m = REGISTRY.get(name)
+    emulated = m is not None and m.deployment is not None and DEPLOYMENTS[m.deployment].emulated
+    return f"{name} (EMULATED)" if emulated else name
+
+
 def render_table(results: dict) -> str:
     """One vllm-bench run's table: per method its times, speedups, #MAT, acceptance and exactness."""
     env = results["env"]
@@ -87,7 +100,7 @@ def render_table(results: dict) -> str:
             f"threads, batch 1, {caching(env)}, k={env['k']} (ngram {env['ngram_k']})")
     rows = []
     for name, s in results["methods"].items():
-        rows.append([name, s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}",
+        rows.append([method_label(name), s["n"], f"{s['mean_s']:.3f}", f"{s['median_s']:.3f}",
                      f"{s['speedup']:.2f}x" if "speedup" in s else "",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "",
                      f"{s['mat']:.2f}" if "mat" in s else "",

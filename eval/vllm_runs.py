@@ -36,18 +36,26 @@ def speculative_config(method: str, k: int, ngram_k: int) -> dict | None:
     return None
 
 
-def ooospec_options(method: str, sidecar_url: str | None, slope: float) -> dict:
+def ooospec_options(method: str, sidecar_url: str | None, slope: float, wave: dict | None = None) -> dict:
     """``additional_config["ooospec"]`` of an ooo-spec method: the served method the proposer runs (a ceiling runs as
     the method that takes hints, its hints coming with each request)."""
     m = get_method(method)
     options = {"method": OOOSPEC if m.takes_hints else TOOLSPEC, "chain_cost_slope": slope}
-    if m.uses_sidecar and sidecar_url:
+    if m.uses_sidecar and sidecar_url and m.deployment is None:   # dedicated: the bench replays a measured wave
         options["sidecar_url"] = sidecar_url
+        if wave:
+            options.update(sidecar_wave=wave["wave"], sidecar_top_k=wave["top_k"])
     return options
 
 
-def request_xargs(method: str, record: dict, reference_text: str | None) -> dict:
-    """A request's ``extra_args``: its tools and messages (JSON text), and the oracle's hint."""
+def sidecar_wave(args) -> dict:
+    """The sidecar client's wave options of a run (``--sidecar-wave``, ``--sidecar-top-k``)."""
+    return {"wave": getattr(args, "sidecar_wave", "all"), "top_k": getattr(args, "sidecar_top_k", 2)}
+
+
+def request_xargs(method: str, record: dict, reference_text: str | None, schedule: list | None = None) -> dict:
+    """A request's ``extra_args``: its tools and messages (JSON text), the oracle's hint, and the dedicated
+    emulation's hint schedule (``[[after_s, calls], ...]`` of the wave timed alone, :func:`dedicated_schedules`)."""
     m = get_method(method)
     if not m.is_engine:
         return {}
@@ -56,7 +64,35 @@ def request_xargs(method: str, record: dict, reference_text: str | None) -> dict
         if reference_text is None:
             raise ValueError(f"{method} needs the {VLLM_REFERENCE!r} output of {record['id']!r} first")
         xargs["ooospec_hint"] = reference_text
+    if m.deployment == "dedicated":
+        if schedule is None:
+            raise ValueError(f"{method} needs the hint schedule of {record['id']!r} (its wave timed alone) first")
+        xargs["ooospec_hint_schedule"] = json.dumps(schedule)
     return xargs
+
+
+def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: dict, warm_tools: bool,
+                        timeout: float = 60.0) -> dict[str, list]:
+    """``record id -> [[after_s, calls], ...]``: each request's sidecar wave run ALONE (nothing else runs: no vLLM
+    engine is loaded yet), one request after the other, each bank it produced (a function-first wave's early one,
+    then the final one) with its latency from submission -- what ``ooospec-dedicated`` replays inside vLLM.
+    ``warm_tools``: the request's toolbox is prefilled first, untimed. A failed wave gives an empty schedule."""
+    from ooospec.eval.ooospec_method import ReleasedGuess
+    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar_process import wait_idle
+    from ooospec.runtime.sidecar_prompts import toolbox_messages
+
+    client = SidecarClient(url, **wave)
+    out = {}
+    for record in records:
+        wait_idle(url)
+        if warm_tools:
+            client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
+        arrival = time.perf_counter()
+        req = client.submit(record["messages"], record["tools"], fmt=fmt, tokenizer=tokenizer, arrival=arrival)
+        guess = ReleasedGuess.after_alone(req, arrival, timeout)
+        out[record["id"]] = [[round(t, 4), bank.calls] for t, bank in guess.schedule]
+    return out
 
 
 def counters(llm) -> dict[str, float]:
@@ -85,7 +121,8 @@ def engine_kwargs(args, method: str) -> dict:
     if spec is not None:
         kw["speculative_config"] = spec
     if get_method(method).is_engine:
-        kw["additional_config"] = {"ooospec": ooospec_options(method, args.sidecar_url, args.chain_cost_slope)}
+        kw["additional_config"] = {"ooospec": ooospec_options(method, args.sidecar_url, args.chain_cost_slope,
+                                                              sidecar_wave(args))}
     return kw
 
 
@@ -102,9 +139,10 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
     load_s = time.perf_counter() - t0
     rows = []
     try:
+        schedules = getattr(args, "hint_schedules", None) or {}
         warm = SamplingParams(**{**params, "max_tokens": 16},
                               extra_args=request_xargs(method, records[0], reference.get(records[0]["id"], {})
-                                                       .get("text")) or None)
+                                                       .get("text"), schedules.get(records[0]["id"])) or None)
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
         sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
         blocks = getattr(args, "blocks", None)
@@ -114,7 +152,8 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
                 llm.generate([TokensPrompt(prompt_token_ids=ids[:blocks[i]])],
                              SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
             ref = reference.get(record["id"], {})
-            sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text")) or None)
+            sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text"),
+                                                                   schedules.get(record["id"])) or None)
             if sidecar:       # the previous request's wave may still run: untimed, let it finish
                 from ooospec.runtime.sidecar_process import wait_idle
 
@@ -126,8 +165,9 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
             after = counters(llm)
             tokens = list(out.token_ids)
             accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
-            rows.append({"record_id": record["id"], "method": method, "prompt_len": len(ids), "time_s": wall,
-                         "new_tokens": len(tokens), "tokens": tokens, "text": out.text,
+            extra = {"released_s": [t for t, _ in schedules[record["id"]]]} if record["id"] in schedules else {}
+            rows.append({**extra, "record_id": record["id"], "method": method, "prompt_len": len(ids),
+                         "time_s": wall, "new_tokens": len(tokens), "tokens": tokens, "text": out.text,
                          "drafts": int(after[COUNTERS[0]] - before[COUNTERS[0]]),
                          "draft_tokens": int(after[COUNTERS[1]] - before[COUNTERS[1]]),
                          "accepted": accepted, "forwards": max(len(tokens) - accepted, 1),

@@ -1,9 +1,9 @@
 """``ooospec sidecar``: serve the sidecar over HTTP, or predict calls for a dataset offline.
 
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
-                          [--prefix-cache-tokens 16384] [--no-calibrate] [--engine transformers|llama.cpp]
+                          [--prefix-cache-tokens 16384] [--no-calibrate] [--engine auto|transformers|llama.cpp]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
-                            [--prefix-cache-tokens N [--warm-tools]] [--engine transformers|llama.cpp]
+                            [--prefix-cache-tokens N [--warm-tools]] [--engine auto|transformers|llama.cpp]
                             [--wave all|function-first [--top-k 2] [--min-prob 0.1]]
 
 ``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`).
@@ -46,7 +46,8 @@ from ooospec.runtime import sidecar_waves as sw
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 from ooospec.runtime.wave_gate import query_name
 
-ENGINES = ("transformers", "llama.cpp")    # the sidecar's backends (Sidecar.from_adapter(engine=...))
+# the sidecar's engines (runtime/sidecar.py ENGINE_CHOICES, spelled here so that the CLI starts without torch)
+ENGINE_CHOICES = ("auto", "transformers", "llama.cpp")
 
 
 def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = False, wave: str = "all",
@@ -126,7 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
         p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                        help="sidecar weights (auto: bf16 where the CPU multiplies it natively, else fp32)")
-        p.add_argument("--engine", default="transformers", choices=ENGINES, help="the sidecar's backend")
+        p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
+                       help="what answers the waves: transformers, llama.cpp (the base's registry GGUF + the adapter "
+                            "as a llama.cpp LoRA), or auto (default: the faster here, measured once per machine "
+                            "and cached)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument("--cpus", type=_cpus, default=None, help="pin the server to these cores, e.g. 1 or 0,1")

@@ -10,8 +10,8 @@ threads)::
     shared       all cores, bench threads         all cores, bench threads             skip (interference 1)
     split        pinned to the last core, 1 thr.  pinned to the other cores            send (interference 0.05)
     wave-first   all cores, bench threads         all cores, after the wave is ready   skip (all of it is cost)
-    dedicated    EMULATED: the wave timed alone first; the target then runs on all cores   send (interference 0)
-                 and sees the hints at the measured wave latency after its start
+    dedicated    EMULATED (method ooospec-dedicated, beside the run's ooospec): the wave timed   send (interf. 0)
+                 alone first on the run's server; the target then sees its hints at the measured latency
     remote       another machine or an idle accelerator (not set up by the bench)      send
 
 ``dedicated`` is the seeds' deployment (the sidecar on a device of its own) emulated on one box: a device exactly
@@ -73,7 +73,7 @@ WAVE_FIRST = Deployment("wave-first", "the target's cores, and the target decode
                         replace(_SHARED_CORES, target_prefill=0.0), _ALL_CORES, target_waits=True)
 DEDICATED = Deployment("dedicated", "EMULATED: the sidecar on a device of its own as fast as this CPU (the wave timed "
                        "alone, its hints released to the target at that latency)",
-                       replace(_SHARED_CORES, interference=0.0, target_prefill=1.0), _ALL_CORES, target_waits=True,
+                       replace(_SHARED_CORES, interference=0.0, target_prefill=1.0), target_waits=True,
                        emulated=True)
 REMOTE = Deployment("remote", "the sidecar on another machine or an idle accelerator",
                     replace(_SHARED_CORES, interference=0.0, prefill_per_token=0.0002, decode_forward=0.015,

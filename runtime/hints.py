@@ -151,6 +151,10 @@ class HintBank:
     def poll(self) -> HintBank:
         return self
 
+    @property
+    def done(self) -> bool:
+        return True
+
     def wait_call(self, timeout: float) -> dict | None:
         return self.calls[0] if self.calls else None
 
@@ -194,6 +198,52 @@ class HintBank:
         return 0, []
 
 
+class ScheduledBanks:
+    """Banks released at fixed offsets (seconds) from this object's creation: a :class:`CallGuess` replaying a wave
+    that was timed elsewhere. The ``dedicated`` deployment's emulation (the sidecar on a device of its own, as fast
+    as the CPU it was timed on) builds one per request from a wave run alone before it: the early bank of a
+    function-first wave at its latency, the final one at its own. ``done`` once the last is released.
+
+        guess = ScheduledBanks([(0.21, early_bank), (0.48, final_bank)])    # then a HintDrafter(guess)
+    """
+
+    def __init__(self, schedule: Sequence[tuple[float, HintBank]]):
+        self.schedule = sorted(((float(t), bank) for t, bank in schedule), key=lambda x: x[0])
+        self.start = time.perf_counter()
+
+    @classmethod
+    def from_calls(cls, schedule: Sequence[tuple[float, Sequence[Mapping]]], fmt: ModuleType,
+                   tokenizer) -> ScheduledBanks:
+        """``[(after_s, calls), ...]`` (e.g. from JSON) with each calls' bank built now, before the clock."""
+        return cls([(t, HintBank.from_calls(calls, fmt, tokenizer)) for t, calls in schedule])
+
+    @property
+    def done(self) -> bool:
+        return not self.schedule or time.perf_counter() - self.start >= self.schedule[-1][0]
+
+    def poll(self) -> HintBank | None:
+        now = time.perf_counter() - self.start
+        released = [bank for t, bank in self.schedule if t <= now]
+        return released[-1] if released else None
+
+    def wait_call(self, timeout: float) -> dict | None:
+        left = self.schedule[-1][0] - (time.perf_counter() - self.start) if self.schedule else 0.0
+        if left > timeout:
+            return None
+        time.sleep(max(left, 0.0))
+        bank = self.poll()
+        return bank.calls[0] if bank is not None and bank.calls else None
+
+    def cancel(self) -> None:
+        pass
+
+    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
+        return None
+
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        pass
+
+
 # ------------------------------------------------------------------------------------------ the drafter
 
 
@@ -208,6 +258,12 @@ class CallGuess(Protocol):
 
     def poll(self) -> HintBank | None:
         """The bank once it is ready, else None. Must return at once (the target never waits on it)."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """No later bank will come (a function-first wave has an early bank, then the final one); read it before
+        :meth:`poll`, so that a bank polled after ``done`` is the last."""
         ...
 
     def wait_call(self, timeout: float) -> dict | None:
@@ -256,7 +312,7 @@ class HintDrafter:
     """Suffix-matched hint candidates from a source that becomes ready at some unknown step.
 
     One drafter per request (its bank belongs to the request). Until ``source.poll()`` returns a bank the drafter
-    proposes nothing; it polls once per step and never blocks. A source with a ``done`` flag that is still False
+    proposes nothing; it polls once per step and never blocks. A source whose ``done`` is still False
     (a function-first sidecar wave: an early bank, then the final one) is polled on after its first bank, and a
     new bank replaces the one in use.
 
@@ -291,7 +347,7 @@ class HintDrafter:
         t0 = time.perf_counter()
         try:
             if self.bank is None or not self._final:
-                final = getattr(self.source, "done", True)    # read first: a bank polled after done is the last
+                final = self.source.done    # read first: a bank polled after done is the last
                 bank = self.source.poll()
                 if self.bank is None:
                     self.num_polls += 1

@@ -104,6 +104,8 @@ class Method:
         vllm: an engine method ``ooospec vllm-bench`` also runs inside vLLM (drafts as a proposer, no tree policy).
         prefill_only: a peer that decodes one token: it times the prompt's forward, which no drafter shortens
             (reports show it as a column, not a method).
+        deployment: where its sidecar runs when the method fixes it (a :data:`~ooospec.runtime.deployments.
+            DEPLOYMENTS` name; ``ooospec-dedicated``: the emulated device of its own); None: the run's.
     """
 
     name: str
@@ -115,6 +117,7 @@ class Method:
     served: bool = False
     vllm: bool = False
     prefill_only: bool = False
+    deployment: str | None = None
 
     @property
     def is_engine(self) -> bool:
@@ -167,6 +170,9 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("pld", "prompt-lookup n-gram drafts", drafters=("pld",)),
     Method(TOOLSPEC, "schema FSM + retrieval + prompt-lookup drafts", drafters=_TOOLSPEC, served=True, vllm=True),
     Method(OOOSPEC, "toolspec + sidecar hints", drafters=_OOOSPEC, hints=SIDECAR, served=True, vllm=True),
+    Method("ooospec-dedicated", "EMULATED: ooospec with the sidecar on a device of its own as fast as this CPU (the "
+           "wave timed alone first, its hints released to the target at that latency)", drafters=_OOOSPEC,
+           hints=SIDECAR, vllm=True, deployment="dedicated"),
     Method("ooospec-gold", "toolspec + the gold call as hints at time zero (the ceiling)", drafters=_OOOSPEC,
            hints=GOLD),
     Method("ooospec-oracle", "toolspec + the target's own greedy call as hints at time zero (the ceiling of hints)",

@@ -408,13 +408,15 @@ class Sidecar:
         its Hub id (``base_model_id``). ``engine="llama.cpp"``: the base's registry GGUF with the adapter as a
         llama.cpp LoRA (:class:`~ooospec.runtime.sidecar_llamacpp.LlamaCppSidecar`; ``dtype`` must be ``auto``).
         """
+        requested = engine
         engine, why = resolve_engine(engine, adapter_dir, threads=threads, dtype=dtype)
         if why != "given":
             logger.info("sidecar engine %s (%s)", engine, why)
         if engine == "llama.cpp":
             from ooospec.runtime.sidecar_llamacpp import LlamaCppSidecar
 
-            return LlamaCppSidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype,
+            return LlamaCppSidecar.from_adapter(adapter_dir, threads=threads,
+                                                dtype=dtype if requested == engine else "auto",
                                                 max_new_tokens=max_new_tokens, max_draft_nodes=max_draft_nodes)
         from peft import PeftModel
         from transformers import AutoTokenizer

@@ -120,7 +120,7 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
                    port: int | None = None, threads: int = 1, cpus: Sequence[int] | None = None,
                    dtype: str = "fp32", startup_timeout: float = 300.0,
                    log_path: str | os.PathLike | None = None,
-                   prefix_cache_tokens: int | None = None) -> SidecarProcess:
+                   prefix_cache_tokens: int | None = None, engine: str = "transformers") -> SidecarProcess:
     """Start ``ooospec sidecar serve`` for ``adapter_dir`` (default: the shipped adapter) as a subprocess.
 
     Args:
@@ -129,12 +129,13 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
         cpus: cores to pin the server to (``os.sched_setaffinity`` in the server before it loads anything);
             None = all cores.
         prefix_cache_tokens: the server's block KV cache (``--prefix-cache-tokens``; None = its default, 0 = off).
+        engine: ``--engine`` (default transformers, named so that a bench does not depend on ``auto``'s choice).
     Returns:
         a running :class:`SidecarProcess` (``.url`` for :class:`SidecarClient`; ``.stop()`` or ``with``).
     """
     port = free_port(host) if port is None else port
     argv = [sys.executable, "-m", "ooospec.cli", "sidecar", "serve", "--host", host, "--port", str(port),
-            "--threads", str(threads), "--dtype", dtype]
+            "--threads", str(threads), "--dtype", dtype, "--engine", engine]
     if adapter_dir is not None:
         argv += ["--adapter", str(adapter_dir)]
     if cpus:

@@ -200,7 +200,7 @@ def test_predict_cli_passes_wave_and_engine(monkeypatch, tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["index_s"] == 0.5 and len(r["functions"]) == 1 for r in rows)
     assert cli.main(base) == 0
-    assert made == [{"threads": None, "dtype": "auto", "engine": engine} for engine in ("llama.cpp", "transformers")]
+    assert made == [{"threads": None, "dtype": "auto", "engine": engine} for engine in ("llama.cpp", "auto")]
     assert "median prefill" in capsys.readouterr().out
     for bad in (["--top-k", "0"], ["--min-prob", "2"]):
         with pytest.raises(SystemExit, match="top_k|min_prob"):
@@ -214,7 +214,14 @@ def test_serve_cli_passes_the_engine(monkeypatch):
     monkeypatch.setattr(sidecar_app, "serve", lambda adapter, **kw: calls.append(kw))
     assert cli.main(["sidecar", "serve", "--engine", "llama.cpp", "--no-calibrate"]) == 0
     assert cli.main(["sidecar", "serve"]) == 0
-    assert [c["engine"] for c in calls] == ["llama.cpp", "transformers"]
+    assert [c["engine"] for c in calls] == ["llama.cpp", "auto"]
+
+
+def test_the_cli_offers_the_runtimes_engines():
+    from ooospec import sidecar_cli
+    from ooospec.runtime.sidecar import ENGINE_CHOICES
+
+    assert sidecar_cli.ENGINE_CHOICES == ENGINE_CHOICES
 
 
 def test_predict_function_first_on_the_tiny_adapter(adapter, tmp_path):

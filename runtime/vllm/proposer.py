@@ -21,6 +21,8 @@ whose values are strings or numbers, so structured values travel as JSON text)::
                       fills it from a chat request's own ``tools`` when the client does not
     ooospec_messages  the conversation (JSON list), for the sidecar wave (filled from a chat request likewise)
     ooospec_hint      a predicted call as text (a client that runs the sidecar itself), used as hints at once
+    ooospec_hint_schedule  ``[[after_s, calls], ...]`` (JSON): calls released as hints ``after_s`` seconds after
+                      the request's first step (the ``ooospec-dedicated`` emulation: a wave timed alone, replayed)
 
 Whatever is proposed, vLLM's greedy verification commits the target's own tokens: a drafter changes speed only.
 """
@@ -41,6 +43,7 @@ from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, rec
 logger = logging.getLogger(__name__)
 
 XARG_TOOLS, XARG_MESSAGES, XARG_HINT = "ooospec_tools", "ooospec_messages", "ooospec_hint"
+XARG_SCHEDULE = "ooospec_hint_schedule"
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
 VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
@@ -187,6 +190,9 @@ class ChainProposer:
         """The request's hints: its ``ooospec_hint`` text at once, else a sidecar wave (None: no hints)."""
         from ooospec.runtime.hints import HintBank
 
+        schedule = json_arg(extra, XARG_SCHEDULE, list)
+        if schedule is not None:
+            return self._scheduled(schedule)
         text = json_arg(extra, XARG_HINT, str)
         if text:
             calls = self.fmt.parse_calls(text)
@@ -200,6 +206,20 @@ class ChainProposer:
             return self.sidecar.submit(messages, tools, fmt=self.fmt, tokenizer=self.tokenizer)
         except Exception as e:  # noqa: BLE001 - a wave that cannot start leaves the request as toolspec
             self._fault("sidecar", f"wave not started: {type(e).__name__}: {e}")
+            return None
+
+    def _scheduled(self, schedule: list):
+        """:class:`~ooospec.runtime.hints.ScheduledBanks` of an ``ooospec_hint_schedule`` (None when malformed)."""
+        from ooospec.runtime.hints import ScheduledBanks
+
+        try:
+            pairs = [(float(t), [{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+                     for t, calls in schedule]
+            if any(not 0 <= t < 3600 for t, _ in pairs):
+                raise ValueError("release times outside [0, 3600) s")
+            return ScheduledBanks.from_calls(pairs, self.fmt, self.tokenizer)
+        except (TypeError, ValueError, KeyError) as e:
+            self._fault("hints", f"{XARG_SCHEDULE} ignored: {type(e).__name__}: {e}")
             return None
 
     def finish(self, req_id: str) -> None:

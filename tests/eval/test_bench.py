@@ -712,7 +712,7 @@ def test_released_guess_replays_each_bank_at_its_measured_latency():
         def poll(self):
             return final
 
-    guess = ReleasedGuess(Finished(), [(0.05, early), (0.10, final)], 0.10)
+    guess = ReleasedGuess(Finished(), [(0.05, early), (0.10, final)])
     assert guess.poll() is None and not guess.done
     time.sleep(0.06)
     assert guess.poll() is early and not guess.done

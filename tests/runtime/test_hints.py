@@ -124,6 +124,8 @@ def test_match_bounds_and_deduplication():
 
 def test_drafter_polls_without_blocking_until_ready():
     class Later:
+        done = True        # one bank: the first found is the last
+
         def __init__(self):
             self.polls = 0
 
@@ -165,6 +167,8 @@ def test_drafter_takes_the_final_bank_of_a_source_that_is_not_done():
 
 class ReadyAt:
     """A fake sidecar request whose bank becomes ready at the ``ready_at``-th poll (= decoding step)."""
+
+    done = True      # one bank: the first found is the last
 
     def __init__(self, bank: HintBank | None, ready_at: int):
         self.bank, self.ready_at, self.polls = bank, ready_at, 0

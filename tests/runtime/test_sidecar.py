@@ -179,3 +179,40 @@ def test_answer_drafter_copies_from_the_prompt_and_closes_json():
     assert tok.encode("ork ") in cands                     # copied from the conversation
     assert tok.encode('"') + [0] in cands                  # close the string, then EOS
     assert all(c[-1] != 0 for c in drafter(0, tok.encode("null")))   # a complete value gets no closer
+
+
+def test_logprobs_follow_each_answer_token_with_or_without_drafts(make_model):
+    model = make_model("llama")
+    rng = random.Random(3)
+    block = [rng.randrange(3, VOCAB) for _ in range(20)]
+    queries = [[rng.randrange(3, VOCAB) for _ in range(3)] for _ in range(3)]
+    plain, st = decode_branches(model, block, queries, max_new_tokens=6, logprobs=2)
+    drafted, st2 = decode_branches(model, block, queries, max_new_tokens=6, logprobs=2, max_draft_nodes=4,
+                                   propose=lambda i, out: [[rng.randrange(3, VOCAB) for _ in range(4)]])
+    assert plain == drafted                  # drafts change forwards, never answers nor their log-probabilities
+    for a, b in zip(st["top_logprobs"], st2["top_logprobs"]):
+        for x, y in zip(a, b):
+            assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], abs=1e-9) for k in x)
+    for toks, steps in zip(drafted, st2["top_logprobs"]):
+        assert len(steps) == len(toks)
+        assert all(max(step, key=step.get) == t for t, step in zip(toks, steps))
+
+
+def test_auto_engine_is_measured_once_and_cached(tmp_path, monkeypatch):
+    from ooospec.runtime import sidecar
+
+    monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path / "cache"))
+    adapter = tmp_path / "a"
+    adapter.mkdir()
+    (adapter / "sidecar.json").write_text(json.dumps({"layout_version": 3, "base": "qwen2.5-coder-0.5b"}))
+    monkeypatch.setattr("ooospec.runtime.llamacpp.available", lambda: (True, "test"))
+    ratios = iter([0.5])
+    monkeypatch.setattr(sidecar, "_engine_ratio", lambda *a: next(ratios))
+    assert sidecar.resolve_engine("auto", adapter, threads=2)[0] == "llama.cpp"
+    assert sidecar.resolve_engine("auto", adapter, threads=2)[0] == "llama.cpp"    # cached: not measured again
+    assert sidecar.resolve_engine("transformers", adapter) == ("transformers", "given")
+    (adapter / "sidecar.json").write_text(json.dumps({"layout_version": 3, "base": "/some/hf/folder"}))
+    engine, why = sidecar.resolve_engine("auto", adapter, threads=2)
+    assert engine == "transformers" and "no registry GGUF" in why
+    with pytest.raises(ValueError, match="unknown sidecar engine"):
+        sidecar.resolve_engine("vllm", adapter)

@@ -263,3 +263,23 @@ def test_a_vllm_served_sidecar_gets_waves_in_the_shipped_adapters_layout():
         assert bank is not None and bank.num_tokens > 0          # the wave's answers became hints
         assert server.received                                   # the wave was sent
     assert proposer.sidecar.layout == adapter_layout() == 3
+
+
+def test_a_hint_schedule_releases_its_calls_late_and_keeps_greedy_output():
+    """``ooospec_hint_schedule`` (the ooospec-dedicated emulation): the calls become hints only ``after_s`` after
+    the request started; before that the request drafts as toolspec; a malformed schedule only costs the hints."""
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    ref = greedy(model, prompt, 30)
+    call = hermes.parse_calls(CALL_TEXT)
+    runs = {}
+    for name, schedule in (("now", [[0.0, call]]), ("never", [[3000.0, call]]), ("bad", [[-1, call]]),
+                           ("garbage", "not json")):
+        proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method="ooospec"))
+        extra = {"ooospec_tools": json.dumps(TOOLS),
+                 "ooospec_hint_schedule": schedule if isinstance(schedule, str) else json.dumps(schedule)}
+        out, forwards = chain_decode(model, prompt, 30, proposer, "a", extra)
+        assert out == ref, name
+        runs[name] = forwards
+    assert runs["now"] < runs["never"] == runs["bad"] == runs["garbage"]   # hints released at once pay

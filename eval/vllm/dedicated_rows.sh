@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The sidecar's two deployments on one CPU box, inside vLLM: `ooospec` (the sidecar server shares the target's cores)
+# and `ooospec-dedicated` (EMULATED: each request's wave is timed alone on the same server first, then vLLM runs the
+# target with that wave's hints released at the measured latency: a device of its own as fast as this CPU), beside
+# vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached).
+#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / OUT override the defaults
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-eval/reports/vllm-dedicated}
+TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
+BENCHES=${BENCHES:-"apibank-l1"}
+LIMIT=${LIMIT:-30}
+WAVE=${WAVE:-function-first}
+PORT=${PORT:-8765}
+THREADS=${THREADS:-2}
+mkdir -p "$OUT"
+.venv/bin/ooospec sidecar serve --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
+  > "$OUT/sidecar_server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+curl -sf "http://127.0.0.1:$PORT/health"; echo
+for t in $TARGETS; do
+  for b in $BENCHES; do
+    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --warm-tools \
+      --methods vllm,toolspec,ooospec,ooospec-dedicated --sidecar-url "http://127.0.0.1:$PORT" \
+      --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_warm.json"
+  done
+done
+echo DEDICATED_ROWS_DONE
