@@ -51,7 +51,7 @@ def rows_of(cell: dict) -> list[list]:
             continue
         s = m[name]
         rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
-                     f"{m[VLLM_REFERENCE]['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", name,
+                     f"{m[VLLM_REFERENCE]['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", method_label(name),
                      f"{s['mean_s']:.2f}",
                      f"{s['speedup']:.2f}x", f"{s['decode_speedup']:.2f}x" if "decode_speedup" in s else "",
                      f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",

@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-sidecar": ("ooospec.pipelines.eval_sidecar", "offline sidecar quality and slot-wave latency (DVC stage)"),
     "sidecar-report": ("ooospec.eval.sidecar_report", "compare trained sidecars: quality vs slot-wave latency"),
     "sidecar-compare": ("ooospec.eval.sidecar_compare", "which sidecar to ship: two adapters' transfer runs + quality"),
-    "sidecar-engines": ("ooospec.eval.sidecar_engines", "the sidecar's wave alone: engines x wave shapes, cold and warm"),
+    "sidecar-engines": ("ooospec.eval.sidecar_engines", "a sidecar wave alone: engines x shapes, cold, warm"),
     "transfer-report": ("ooospec.eval.transfer_report", "rebuild the transfer report (md + html) from its JSON"),
     "export": ("ooospec.pipelines.export_adapter", "export the adapter as a Hub model folder, optionally push"),
     "sidecar": ("ooospec.sidecar_cli", "serve the sidecar (OpenAI-compatible completions) or predict calls offline"),

@@ -112,7 +112,21 @@ def tokenize_views(views: Mapping[str, str], tokenizer) -> dict[str, list[int]]:
 # ------------------------------------------------------------------------------------------ the bank
 
 
-class HintBank:
+class _KnownGuess:
+    """The :class:`CallGuess` members of a guess that runs nothing in the background: nothing to cancel, and no
+    wave gate learns from it."""
+
+    def cancel(self) -> None:
+        pass
+
+    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
+        return None
+
+    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
+        pass
+
+
+class HintBank(_KnownGuess):
     """Token views of one request's predicted call(s), indexed by every n-gram of length 1..:data:`MAX_MATCH`.
 
     A bank is ready by construction, so it is also a :class:`CallGuess` known at arrival (the gold call, the call
@@ -158,14 +172,6 @@ class HintBank:
     def wait_call(self, timeout: float) -> dict | None:
         return self.calls[0] if self.calls else None
 
-    def cancel(self) -> None:
-        pass
-
-    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
-        return None
-
-    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
-        pass
 
     def match(self, tokens: Sequence[int], *, max_match: int = MAX_MATCH, min_match: int = 1,
               max_len: int = 16, max_candidates: int = 3) -> list[list[int]]:
@@ -198,7 +204,7 @@ class HintBank:
         return 0, []
 
 
-class ScheduledBanks:
+class ScheduledBanks(_KnownGuess):
     """Banks released at fixed offsets (seconds) from this object's creation: a :class:`CallGuess` replaying a wave
     that was timed elsewhere. The ``dedicated`` deployment's emulation (the sidecar on a device of its own, as fast
     as the CPU it was timed on) builds one per request from a wave run alone before it: the early bank of a
@@ -234,14 +240,6 @@ class ScheduledBanks:
         bank = self.poll()
         return bank.calls[0] if bank is not None and bank.calls else None
 
-    def cancel(self) -> None:
-        pass
-
-    def report(self, result, hint_stats, calls: Sequence[Mapping] = ()) -> dict | None:
-        return None
-
-    def observe_tool(self, tool_s: float, hit: bool | None) -> None:
-        pass
 
 
 # ------------------------------------------------------------------------------------------ the drafter

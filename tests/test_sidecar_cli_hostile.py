@@ -46,7 +46,7 @@ def test_a_malformed_line_is_one_line_naming_file_and_line(tmp_path, monkeypatch
 def test_a_failure_midway_leaves_nothing_partial(tmp_path, monkeypatch):
     monkeypatch.setattr(Sidecar, "from_adapter", classmethod(lambda cls, *a, **k: object()))
 
-    def predict_then_fail(sidecar, records, warm_tools=False):
+    def predict_then_fail(sidecar, records, *options, **kw):
         yield {"id": records[0]["id"]}
         raise RuntimeError("the model broke")
 

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 XARG_TOOLS, XARG_MESSAGES, XARG_HINT = "ooospec_tools", "ooospec_messages", "ooospec_hint"
 XARG_SCHEDULE = "ooospec_hint_schedule"
+MAX_SCHEDULED_BANKS, MAX_SCHEDULED_CALLS = 8, 4   # a schedule's bound (a function-first wave has 2 banks of <= 3)
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
 VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
@@ -217,6 +218,8 @@ class ChainProposer:
                      for t, calls in schedule]
             if any(not 0 <= t < 3600 for t, _ in pairs):
                 raise ValueError("release times outside [0, 3600) s")
+            if len(pairs) > MAX_SCHEDULED_BANKS or any(len(calls) > MAX_SCHEDULED_CALLS for _, calls in pairs):
+                raise ValueError(f"at most {MAX_SCHEDULED_BANKS} banks of {MAX_SCHEDULED_CALLS} calls")
             return ScheduledBanks.from_calls(pairs, self.fmt, self.tokenizer)
         except (TypeError, ValueError, KeyError) as e:
             self._fault("hints", f"{XARG_SCHEDULE} ignored: {type(e).__name__}: {e}")

@@ -9,6 +9,7 @@ import pytest
 from ooospec.eval import agent_bench, bench_methods
 from ooospec.runtime import methods
 from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.deployments import DEPLOYMENTS
 from ooospec.runtime.formats import detect_format
 from ooospec.runtime.hints import HintBank, HintDrafter
 from ooospec.runtime.pld import PromptLookupDrafter
@@ -64,9 +65,11 @@ def test_the_registry_sorts_every_method_and_its_hints():
     assert bench_methods.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
     assert methods.REFERENCES == {"hf": "hf-greedy", "llama.cpp": "llama.cpp", "vllm": "vllm"}
     assert {n: m.hints for n, m in methods.REGISTRY.items() if m.hints} == {
-        "ooospec": "sidecar", "ooospec-gold": "gold", "ooospec-oracle": "oracle"}
-    assert [n for n, m in methods.REGISTRY.items() if m.uses_sidecar] == ["ooospec"]
-    assert {methods.hint_method(s) for s in methods.HINT_SOURCES} == set(methods.HINT_METHODS)
+        "ooospec": "sidecar", "ooospec-dedicated": "sidecar", "ooospec-gold": "gold", "ooospec-oracle": "oracle"}
+    assert [n for n, m in methods.REGISTRY.items() if m.uses_sidecar] == ["ooospec", "ooospec-dedicated"]
+    assert {methods.hint_method(s) for s in methods.HINT_SOURCES} == set(methods.HINT_METHODS) - {"ooospec-dedicated"}
+    dedicated = methods.REGISTRY["ooospec-dedicated"]          # the emulation: never served, always labelled
+    assert not dedicated.served and DEPLOYMENTS[dedicated.deployment].emulated and "EMULATED" in dedicated.summary
     assert [n for n, m in methods.REGISTRY.items() if not m.warm_starts] == ["hf-pld", "hf-assisted"]
     assert methods.default_served(with_sidecar=True) == "ooospec"
     assert methods.default_served(with_sidecar=False) == "toolspec"

@@ -275,11 +275,11 @@ def test_a_hint_schedule_releases_its_calls_late_and_keeps_greedy_output():
     call = hermes.parse_calls(CALL_TEXT)
     runs = {}
     for name, schedule in (("now", [[0.0, call]]), ("never", [[3000.0, call]]), ("bad", [[-1, call]]),
-                           ("garbage", "not json")):
+                           ("garbage", "not json"), ("huge", [[0.0, call]] * 100), ("wide", [[0.0, call * 50]])):
         proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method="ooospec"))
         extra = {"ooospec_tools": json.dumps(TOOLS),
                  "ooospec_hint_schedule": schedule if isinstance(schedule, str) else json.dumps(schedule)}
         out, forwards = chain_decode(model, prompt, 30, proposer, "a", extra)
         assert out == ref, name
         runs[name] = forwards
-    assert runs["now"] < runs["never"] == runs["bad"] == runs["garbage"]   # hints released at once pay
+    assert runs["now"] < runs["never"] == runs["bad"] == runs["garbage"] == runs["huge"] == runs["wide"]
