@@ -3,7 +3,7 @@
 # and `ooospec-dedicated` (EMULATED: each request's wave is timed alone on the same server first, then vLLM runs the
 # target with that wave's hints released at the measured latency: a device of its own as fast as this CPU), beside
 # vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached).
-#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / OUT override the defaults
+#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / ADAPTER / OUT override the defaults
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -13,8 +13,9 @@ LIMIT=${LIMIT:-30}
 WAVE=${WAVE:-function-first}
 PORT=${PORT:-8765}
 THREADS=${THREADS:-2}
+ADAPTER=${ADAPTER:-adapters/sidecar}
 mkdir -p "$OUT"
-.venv/bin/ooospec sidecar serve --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
+.venv/bin/ooospec sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
   > "$OUT/sidecar_server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
