@@ -35,6 +35,7 @@ from typing import Any
 from ooospec.reporting import fmt_cell, md_table
 from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.sidecar_waves import TOP_LOGPROBS, function_candidates, index_tokens
+from ooospec.runtime.wave_gate import query_name
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,6 @@ CACHES = ("cold", "warm")
 
 
 # ------------------------------------------------------------------------------------------ waves of a row
-
-
-def query_name(q: sp.SlotQuery) -> str:
-    return {"function_index": "index", "direct_call": "call"}.get(q.form) or f"{q.function}.{q.parameter}"
 
 
 def argument_queries(tools: Sequence[Any], functions: Sequence[str] | None = None) -> list[sp.SlotQuery]:
@@ -198,6 +195,8 @@ def summarize(rows: Sequence[Mapping], runs: Mapping[str, list[dict]], reference
         waves = [r["wave_s"] for r in rs]
         ref = runs.get(reference)
         out.append({"config": key, "p50_s": statistics.median(waves), "p90_s": _pct(waves, 0.9),
+                    "prefill_p50_s": statistics.median(sum(s["prefill_s"] for s in r["stages"]) for r in rs),
+                    "decode_p50_s": statistics.median(sum(s["decode_s"] for s in r["stages"]) for r in rs),
                     "mean_queries": statistics.mean(sum(s["queries"] for s in r["stages"]) for r in rs),
                     "mean_forwards": statistics.mean(sum(s["n_forwards"] for s in r["stages"]) for r in rs),
                     "p50_vs_reference": None if ref is None else
@@ -207,7 +206,8 @@ def summarize(rows: Sequence[Mapping], runs: Mapping[str, list[dict]], reference
 
 
 def render(summary: Sequence[Mapping], agree: Mapping[str, Mapping], env: Mapping, command: str) -> str:
-    head = ["config", "p50 s", "p90 s", "p50 / reference", "queries", "forwards", "index acc.", "arg. exact",
+    head = ["config", "p50 s", "p90 s", "p50 / reference", "prefill p50 s", "decode p50 s", "queries", "forwards",
+            "index acc.", "arg. exact",
             "agreement with reference (near-ties)"]
     body = []
     for s in summary:
@@ -215,7 +215,8 @@ def render(summary: Sequence[Mapping], agree: Mapping[str, Mapping], env: Mappin
         agree_cell = "-" if a is None else (f"{a['same']}/{a['both']} ({a['ties']} of the {a['both'] - a['same']} "
                                             f"differences near-ties)")
         body.append([s["config"], fmt_cell(s["p50_s"], "{:.3f}"), fmt_cell(s["p90_s"], "{:.3f}"),
-                     fmt_cell(s["p50_vs_reference"], "{:.2f}x"), fmt_cell(s["mean_queries"], "{:.1f}"),
+                     fmt_cell(s["p50_vs_reference"], "{:.2f}x"), fmt_cell(s.get("prefill_p50_s"), "{:.3f}"),
+                     fmt_cell(s.get("decode_p50_s"), "{:.3f}"), fmt_cell(s["mean_queries"], "{:.1f}"),
                      fmt_cell(s["mean_forwards"], "{:.1f}"), fmt_cell(s["index_accuracy"], "{:.1%}"),
                      fmt_cell(s["argument_exact"], "{:.1%}"), agree_cell])
     return (f"# Sidecar waves alone, by engine and shape\n\n{env['cpu']} ({', '.join(env['flags'])}), "
@@ -228,6 +229,8 @@ def render(summary: Sequence[Mapping], agree: Mapping[str, Mapping], env: Mappin
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("rows", type=Path, help="expand_slots request rows (data/slots/heldout.jsonl)")
+    p.add_argument("--render", action="store_true",
+                   help="no waves: re-render --report from the waves JSON in --out (its rows file: `rows`)")
     p.add_argument("--limit", type=int, default=100, help="requests (seeded choice, as eval_sidecar makes it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adapter", type=Path, default=None, help="adapter folder (default: the shipped one)")
@@ -266,6 +269,14 @@ def run_cli(args: argparse.Namespace) -> int:
 
     configs, caches = _configs(args.configs), [c for c in args.caches.split(",") if c]
     rows = select_requests([json.loads(line) for line in args.rows.open()], args.limit, args.seed)
+    if args.render:
+        done = json.loads(args.out.read_text())
+        text = render(summarize(rows, done["runs"], done["summary"][0]["config"]), done["agreement"], done["env"],
+                      done["command"])
+        if args.report:
+            args.report.write_text(text)
+        print(text)
+        return 0
     runs: dict[str, list[dict]] = {}
     loaded: dict[str, Any] = {}
     for engine, shape in configs:
