@@ -23,6 +23,11 @@ whose values are strings or numbers, so structured values travel as JSON text)::
     ooospec_hint      a predicted call as text (a client that runs the sidecar itself), used as hints at once
     ooospec_hint_schedule  ``[[after_s, calls], ...]`` (JSON): calls released as hints ``after_s`` seconds after
                       the request's first step (the ``ooospec-dedicated`` emulation: a wave timed alone, replayed)
+    ooospec_history   the name of the drafter history the request reads and feeds (retrieval of earlier calls,
+                      prompt lookup, the previous request's FSM, acceptance estimates: :class:`History`): one per
+                      tenant or agent session keeps their calls apart; default one history for all. At most
+                      :data:`MAX_HISTORIES` names (least recently used dropped), each at most
+                      :data:`MAX_HISTORY_NAME` characters (a longer one is ignored)
 
 Whatever is proposed, vLLM's greedy verification commits the target's own tokens: a drafter changes speed only.
 """
@@ -43,7 +48,8 @@ from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, rec
 logger = logging.getLogger(__name__)
 
 XARG_TOOLS, XARG_MESSAGES, XARG_HINT = "ooospec_tools", "ooospec_messages", "ooospec_hint"
-XARG_SCHEDULE = "ooospec_hint_schedule"
+XARG_SCHEDULE, XARG_HISTORY = "ooospec_hint_schedule", "ooospec_history"
+MAX_HISTORIES, MAX_HISTORY_NAME = 64, 128          # drafter histories kept (LRU), the longest history name
 MAX_SCHEDULED_BANKS, MAX_SCHEDULED_CALLS = 8, 4   # a schedule's bound (a function-first wave has 2 banks of <= 3)
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
@@ -112,6 +118,16 @@ def json_arg(extra: Mapping | None, key: str, want: type) -> object | None:
 
 
 @dataclass
+class History:
+    """What a stream of requests taught the drafters (one per ``ooospec_history``): the retrieval bank, prompt
+    lookup and the previous request's FSM (:class:`~ooospec.runtime.methods.ToolSpecDrafters`), and the drafters'
+    acceptance estimates the chain choice prices drafts with."""
+
+    drafters: object                          # a ToolSpecDrafters
+    acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
+
+
+@dataclass
 class RequestState:
     """One request's drafters and what its last chain was."""
 
@@ -124,6 +140,7 @@ class RequestState:
     drafted: int = 0                          # chain tokens proposed, all steps
     accepted: int = 0                         # of which vLLM accepted
     tokens: list[int] = field(default_factory=list)   # prompt + output at the last step
+    history: History | None = None            # what it learns from and teaches (``ooospec_history``)
 
 
 class ChainProposer:
@@ -152,8 +169,7 @@ class ChainProposer:
         self.config = config or ProposerConfig()
         self.method = get_method(self.config.method)
         self.cost = ChainCost(self.config.chain_cost_slope)
-        self.acceptance = AcceptanceStats()
-        self.toolspec = ToolSpecDrafters()
+        self.histories: OrderedDict[str, History] = OrderedDict({"": History(ToolSpecDrafters())})   # "": default
         self.sidecar = sidecar
         if self.sidecar is None and self.config.sidecar_url and self.method.takes_hints:
             from ooospec.runtime.sidecar_client import SidecarClient, adapter_layout
@@ -172,20 +188,51 @@ class ChainProposer:
         from ooospec.runtime.hints import HintDrafter
 
         tools = json_arg(extra, XARG_TOOLS, list) or []
+        history = self._history(self._history_name(extra))
+        toolspec = history.drafters
         hint_source = self._hint_source(extra, tools) if self.method.takes_hints else None
         hints = HintDrafter(hint_source) if hint_source is not None else None
         for label, p in (hints.priors if hints is not None else {}).items():
-            self.acceptance.set_prior(label, p)
+            history.acceptance.set_prior(label, p)
         if tools:
-            drafters = self.toolspec.for_request(self.tokenizer, self.fmt, tools, hints)
+            drafters = toolspec.for_request(self.tokenizer, self.fmt, tools, hints)
         else:   # no schema to follow: the request-independent drafters (and its hints)
-            drafters = ([hints] if hints is not None else []) + [self.toolspec.retriever, self.toolspec.pld]
-        state = RequestState(prompt_len=int(prompt_len), drafters=drafters, hints=hints)
+            drafters = ([hints] if hints is not None else []) + [toolspec.retriever, toolspec.pld]
+        state = RequestState(prompt_len=int(prompt_len), drafters=drafters, hints=hints, history=history)
         self.requests[req_id] = state
         while len(self.requests) > self.config.max_requests:
             self.requests.popitem(last=False)
         self.totals["requests"] += 1
         return state
+
+    def _history_name(self, extra: Mapping | None) -> str:
+        """The request's ``ooospec_history`` ("" = the default history; a malformed name is ignored, logged)."""
+        name = (extra or {}).get(XARG_HISTORY)
+        if name is None:
+            return ""
+        if not isinstance(name, str) or len(name) > MAX_HISTORY_NAME:
+            self._fault("history", f"{XARG_HISTORY} ignored: expected a string of at most {MAX_HISTORY_NAME} "
+                                   f"characters, got {type(name).__name__}")
+            return ""
+        return name
+
+    def _history(self, name: str) -> History:
+        """History ``name`` (made on first use; the least recently used beyond :data:`MAX_HISTORIES` is dropped,
+        never the default)."""
+        from ooospec.runtime.methods import ToolSpecDrafters
+
+        history = self.histories.get(name)
+        if history is None:
+            history = self.histories[name] = History(ToolSpecDrafters())
+            while len(self.histories) > MAX_HISTORIES:
+                del self.histories[next(k for k in self.histories if k != "")]
+        self.histories.move_to_end(name)
+        return history
+
+    @property
+    def acceptance(self) -> AcceptanceStats:
+        """The default history's acceptance estimates."""
+        return self.histories[""].acceptance
 
     def _hint_source(self, extra: Mapping | None, tools: list):
         """The request's hints: its ``ooospec_hint`` text at once, else a sidecar wave (None: no hints)."""
@@ -236,7 +283,7 @@ class ChainProposer:
                 drafter.observe(prompt, output)
             except Exception as e:  # noqa: BLE001
                 self._fault(getattr(drafter, "name", type(drafter).__name__), f"observe raised {e!r}")
-        self.toolspec.observe(prompt, output)
+        state.history.drafters.observe(prompt, output)
 
     # ---------------------------------------------------------------------------------------------- steps
 
@@ -246,15 +293,15 @@ class ChainProposer:
         state = self.requests[req_id]
         if state.chain:
             n = accepted_of(state.chain, sampled)
-            record_chain(self.acceptance, state.chain, state.proposals, n)
+            record_chain(state.history.acceptance, state.chain, state.proposals, n)
             state.accepted += n
             self.totals["accepted"] += n
         state.tokens = list(tokens)
         ctx = DraftContext(tuple(state.tokens), state.prompt_len, state.steps)
         if state.steps == 0:
-            self.acceptance.start_request()
+            state.history.acceptance.start_request()
         state.proposals = collect_proposals(state.drafters, ctx, self.vocab_size, self._fault)
-        state.chain = choose_chain(state.tokens[-1], state.proposals, self.acceptance, self.cost,
+        state.chain = choose_chain(state.tokens[-1], state.proposals, state.history.acceptance, self.cost,
                                    min(self.max_len, room))
         state.steps += 1
         state.drafted += len(state.chain)

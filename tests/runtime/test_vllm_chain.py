@@ -198,6 +198,32 @@ def test_a_second_request_learns_from_the_first():
     assert second < first        # retrieval of the first call (observed at finish) drafts the second
 
 
+def test_histories_keep_requests_apart_and_stay_bounded(monkeypatch, caplog):
+    from ooospec.runtime.vllm import proposer as mod
+
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    ref = greedy(model, prompt, 30)
+    proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method="toolspec"))
+    xargs = {"ooospec_tools": json.dumps(TOOLS)}
+    runs = {}
+    for req, history in (("a", "tenant-1"), ("b", "tenant-2"), ("c", "tenant-1")):
+        out, runs[req] = chain_decode(model, prompt, 30, proposer, req, {**xargs, "ooospec_history": history})
+        assert out == ref
+    assert runs["b"] == runs["a"]     # tenant-2 starts from nothing: tenant-1's call is not retrieved
+    assert runs["c"] < runs["a"]      # tenant-1's own earlier call is
+    # a malformed name falls back to the default history (logged), the output unchanged
+    out, _ = chain_decode(model, prompt, 30, proposer, "d", {**xargs, "ooospec_history": "x" * 10_000})
+    assert out == ref and proposer.faults["history"] == 1
+    out, _ = chain_decode(model, prompt, 30, proposer, "e", {**xargs, "ooospec_history": 7})
+    assert out == ref and proposer.faults["history"] == 2
+    monkeypatch.setattr(mod, "MAX_HISTORIES", 3)
+    for i in range(5):
+        proposer.start(f"n{i}", len(prompt), {"ooospec_history": f"h{i}"})
+    assert list(proposer.histories) == ["", "h3", "h4"]    # the default is never dropped
+
+
 def test_a_raising_drafter_loses_its_drafts_not_the_output():
     model = tiny_model("llama")
     proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes)
