@@ -109,6 +109,11 @@ class PrefixCache:
         self.stats.hit_tokens += best_n
         return best, best_n
 
+    def clear(self) -> None:
+        """Drop every stored snapshot (the counters stay)."""
+        self._entries.clear()
+        self.num_tokens = self.num_bytes = 0
+
     def insert(self, snap: KVSnapshot) -> bool:
         """Store ``snap`` (evicting least recently used entries to fit); False when it alone exceeds the budget."""
         if not snap.tokens:

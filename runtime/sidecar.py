@@ -471,6 +471,11 @@ class Sidecar:
         """What this sidecar keeps of earlier blocks (``/health``'s ``prefix_cache``; None: nothing)."""
         return None if self.prefix_cache is None else self.prefix_cache.to_dict()
 
+    def reset_cache(self) -> None:
+        """Forget every earlier block (the next wave prefills all of its block)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
     def calibrate(self, **wave) -> dict:
         """What a wave costs here, now (:func:`measure_wave_cost`'s synthetic wave, ``wave`` its shape; seconds)."""
         return measure_wave_cost(self.model, vocab_size=self.vocab_size, max_draft_nodes=self.max_draft_nodes,

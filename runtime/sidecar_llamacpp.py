@@ -432,6 +432,9 @@ class LlamaCppSidecar(Sidecar):
     def cache_info(self) -> dict:
         return {"kind": "last block in llama.cpp sequence 0", "tokens": len(self.waves.block)}
 
+    def reset_cache(self) -> None:
+        self.waves.forget()
+
     def calibrate(self, **wave) -> dict:
         def cold(block, queries, **kw):      # every run prefills its block: no reuse between the repeats
             self.waves.forget()

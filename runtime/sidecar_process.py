@@ -145,6 +145,25 @@ def launch_sidecar(adapter_dir: str | os.PathLike | None = None, *, host: str = 
     return start_server(argv, f"http://{host}:{port}", startup_timeout=startup_timeout, log_path=log_path)
 
 
+def reset_prefix_cache(url: str, timeout: float = 60.0) -> bool:
+    """``POST url/reset_prefix_cache``: the server forgets every earlier block (after its running wave); True when
+    it answered 200 (an older server without the endpoint: False, logged)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("POST", parts.path.rstrip("/") + "/reset_prefix_cache")
+        resp = conn.getresponse()
+        resp.read(65536)
+        if resp.status != 200:
+            logger.warning("sidecar server %s did not reset its prefix cache (HTTP %s)", url, resp.status)
+        return resp.status == 200
+    except (OSError, http.client.HTTPException) as e:
+        logger.warning("sidecar server %s did not reset its prefix cache: %s", url, e)
+        return False
+    finally:
+        conn.close()
+
+
 def wait_idle(url: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> float:
     """Block until the sidecar server at ``url`` runs and queues nothing; returns the seconds waited.
 

@@ -2,7 +2,8 @@
 
 Run it with ``ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]``
 (loopback by default; the server has no authentication). Endpoints: ``POST /v1/completions``,
-``GET /v1/models``, ``GET /health``.
+``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache`` (forget every earlier block, as vLLM's
+endpoint of that name: a bench's cold start).
 
 A request is a list of prompts (or one string), decoded greedily: ``max_tokens``, ``stop`` (strings cut from the
 text), ``model`` (must be the served name, ``sidecar``). The response has the usual shape, ``{"id", "object":
@@ -313,6 +314,12 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "ooospec"}]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:
+        async with worker:                     # after the running wave: the cache is the worker's
+            await anyio.to_thread.run_sync(sidecar.reset_cache)
+        return {"status": "ok", "prefix_cache": sidecar.cache_info()}
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -101,6 +101,24 @@ def test_the_server_reports_cached_tokens_and_health_shows_the_cache():
         assert get(url, "/health")[1]["prefix_cache"] is None
 
 
+def test_reset_prefix_cache_makes_the_next_wave_cold_and_keeps_answers():
+    from ooospec.runtime.sidecar_process import reset_prefix_cache
+
+    model, tok = tiny_model("llama"), byte_tokenizer()
+    cached = Sidecar(model, tok, metadata={"layout_version": 3}, prefix_cache=PrefixCache(max_tokens=20000))
+    prompts = sp.build_wave(RECORDS[0]["messages"], RECORDS[0]["tools"][:2], layout=3).prompts()
+    first = complete(cached, prompts, max_tokens=6, add_special_tokens=False, limits=LIMITS)
+    again = complete(cached, prompts, max_tokens=6, add_special_tokens=False, limits=LIMITS)
+    assert again["ooospec"]["cached_tokens"] > 0
+    with running_app(create_app(cached, limits=LIMITS)) as url:
+        assert reset_prefix_cache(url)
+        assert get(url, "/health")[1]["prefix_cache"]["entries"] == 0
+    cold = complete(cached, prompts, max_tokens=6, add_special_tokens=False, limits=LIMITS)
+    assert cold["ooospec"]["cached_tokens"] == 0
+    assert [c["text"] for c in cold["choices"]] == [c["text"] for c in first["choices"]]
+    assert not reset_prefix_cache("http://127.0.0.1:9")     # nobody there: False, logged
+
+
 def test_a_prefill_makes_the_next_wave_start_from_the_toolbox():
     model, tok = tiny_model("llama"), byte_tokenizer()
     sidecar = Sidecar(model, tok, metadata={"layout_version": 3}, prefix_cache=PrefixCache(max_tokens=20000))
