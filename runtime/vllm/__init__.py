@@ -3,6 +3,7 @@
 * :mod:`~ooospec.runtime.vllm.chain`: candidates -> the one chain vLLM verifies, and acceptance back (pure).
 * :mod:`~ooospec.runtime.vllm.proposer`: :class:`ChainProposer` (no vLLM import) and :class:`OoOSpecProposer`, the
   class vLLM builds (``speculative_config.model = "ooospec.runtime.vllm.OoOSpecProposer"``).
+* :mod:`~ooospec.runtime.vllm.xargs`: a request's ``extra_args``, checked and bounded before anything is built.
 * :mod:`~ooospec.runtime.vllm.plugin`: the ``vllm.general_plugins`` entry point that hands the proposer request ids
   and ``extra_args``.
 

@@ -20,7 +20,8 @@ Worked example: candidates ``[7, 3, 5]`` (probabilities 0.8, 0.72, 0.5) and ``[4
 After the step, vLLM hands back the tokens it sampled for the request: the accepted prefix of the chain and one more
 (greedy: the target's own token). :func:`chain_outcomes` turns that into ``(trials, accepted)`` per proposal, exactly
 as :func:`~ooospec.runtime.budget.outcome` does for a verified tree, so the estimates learn the same way in both
-engines. Which chain is verified changes only speed: vLLM's greedy rejection keeps the target's argmax.
+engines; :func:`label_outcomes` counts each drafter's chain tokens and the accepted ones (the proposer's metrics).
+Which chain is verified changes only speed: vLLM's greedy rejection keeps the target's argmax.
 """
 
 from __future__ import annotations
@@ -92,9 +93,14 @@ def choose_chain(root: int, proposals: Sequence[Proposal], stats: AcceptanceStat
 def accepted_of(chain: Sequence[int], sampled: Sequence[int]) -> int:
     """How many of ``chain``'s drafts vLLM accepted, given the tokens it sampled for the request this step
     (the accepted drafts, then the target's own next token): their common prefix, at most ``len(sampled) - 1``."""
+    return common_prefix(chain, sampled[:-1])
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
     n = 0
-    for a, b in zip(chain, sampled[:-1]):
-        if a != b:
+    for x, y in zip(a, b):
+        if x != y:
             break
         n += 1
     return n
@@ -111,15 +117,26 @@ def chain_outcomes(chain: Sequence[int], proposals: Sequence[Proposal],
     """
     out = []
     for p in proposals:
-        on_chain = 0
-        for a, b in zip(p.tokens, chain):
-            if a != b:
-                break
-            on_chain += 1
+        on_chain = common_prefix(p.tokens, chain)
         accepted = min(on_chain, n_accepted)
         trials = min(accepted + 1, on_chain)
         if trials:
             out.append((p, trials, accepted))
+    return out
+
+
+def label_outcomes(chain: Sequence[int], proposals: Sequence[Proposal], n_accepted: int) -> dict[str, tuple[int, int]]:
+    """``{drafter label: (chain tokens it proposed, of which accepted)}`` after one verified chain, counting each
+    chain token once per label (the label's proposal that shares the longest prefix with the chain).
+
+    Chain ``(7, 3, 5)`` with 2 accepted, proposals ``fsm (7, 3, 5)``, ``pld (7, 4)``, ``pld (8,)``:
+    ``{"fsm": (3, 2), "pld": (1, 1)}``.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for p in proposals:
+        on_chain = common_prefix(p.tokens, chain)
+        if on_chain > out.get(p.drafter, (0, 0))[0]:
+            out[p.drafter] = (on_chain, min(on_chain, n_accepted))
     return out
 
 

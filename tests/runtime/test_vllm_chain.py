@@ -20,9 +20,10 @@ from ooospec.runtime.vllm.chain import (
     best_chain,
     chain_outcomes,
     choose_chain,
+    label_outcomes,
     record_chain,
 )
-from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig, json_arg
+from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig
 from tests.runtime.chat_tiny import CALL_TEXT, TOOLS, USER, trained_chat_model
 from tests.runtime.conftest import VOCAB, tiny_model
 
@@ -73,6 +74,12 @@ def test_chain_outcomes_count_only_judged_positions():
     assert stats.summary()["a"]["trials"] == 3 and stats.summary()["a"]["accepted"] == 2
 
 
+def test_label_outcomes_follow_the_docstring_example():
+    proposals = [Proposal("fsm", 0, (7, 3, 5)), Proposal("pld", 0, (7, 4)), Proposal("pld", 1, (8,))]
+    assert label_outcomes((7, 3, 5), proposals, 2) == {"fsm": (3, 2), "pld": (1, 1)}
+    assert label_outcomes((), proposals, 0) == {}
+
+
 def test_chain_cost_rejects_a_negative_slope():
     assert ChainCost(0.05).seconds(17) == pytest.approx(1.8)
     with pytest.raises(ValueError):
@@ -90,13 +97,12 @@ def test_config_names_unknown_keys_and_methods():
         ProposerConfig(method="ar")
 
 
-def test_malformed_extra_args_are_ignored_not_fatal(caplog):
-    assert json_arg({"ooospec_tools": "[1, 2"}, "ooospec_tools", list) is None
-    assert json_arg({"ooospec_tools": '{"a": 1}'}, "ooospec_tools", list) is None
-    assert json_arg({"ooospec_tools": TOOLS}, "ooospec_tools", list) == TOOLS
-    assert json_arg({"ooospec_hint": 3}, "ooospec_hint", str) is None
-    assert json_arg(None, "ooospec_hint", str) is None
-    assert "not JSON" in caplog.text
+def test_config_checks_the_log_interval():
+    assert ProposerConfig().log_interval_s == 30.0
+    assert ProposerConfig.from_mapping({"log_interval_s": 0}).log_interval_s == 0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="log_interval_s"):
+            ProposerConfig(log_interval_s=bad)
 
 
 def test_the_proposer_refuses_to_start_without_its_plugin(monkeypatch):
@@ -215,9 +221,9 @@ def test_histories_keep_requests_apart_and_stay_bounded(monkeypatch, caplog):
     assert runs["c"] < runs["a"]      # tenant-1's own earlier call is
     # a malformed name falls back to the default history (logged), the output unchanged
     out, _ = chain_decode(model, prompt, 30, proposer, "d", {**xargs, "ooospec_history": "x" * 10_000})
-    assert out == ref and proposer.faults["history"] == 1
+    assert out == ref and proposer.faults["ooospec_history"] == 1
     out, _ = chain_decode(model, prompt, 30, proposer, "e", {**xargs, "ooospec_history": 7})
-    assert out == ref and proposer.faults["history"] == 2
+    assert out == ref and proposer.faults["ooospec_history"] == 2
     monkeypatch.setattr(mod, "MAX_HISTORIES", 3)
     for i in range(5):
         proposer.start(f"n{i}", len(prompt), {"ooospec_history": f"h{i}"})
@@ -309,3 +315,143 @@ def test_a_hint_schedule_releases_its_calls_late_and_keeps_greedy_output():
         assert out == ref, name
         runs[name] = forwards
     assert runs["now"] < runs["never"] == runs["bad"] == runs["garbage"] == runs["huge"] == runs["wide"]
+
+
+# ------------------------------------------------------------------------------------------ opting out, bounds
+
+
+class _RecordingSidecar:
+    """Stands in for a SidecarClient: records the waves asked for and starts none."""
+
+    def __init__(self):
+        self.waves = 0
+
+    def submit(self, messages, tools, **kwargs):
+        self.waves += 1
+
+
+def test_a_request_that_opts_out_gets_no_drafts_and_no_wave():
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    ref = greedy(model, prompt, 30)
+    sidecar = _RecordingSidecar()
+    proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, sidecar=sidecar,
+                             config=ProposerConfig(method="ooospec"))
+    full = {"ooospec_tools": json.dumps(TOOLS), "ooospec_messages": json.dumps(USER)}
+    chain_decode(model, prompt, 30, proposer, "teach", full)        # the default history learns the call
+    assert sidecar.waves == 1
+    out, forwards = chain_decode(model, prompt, 30, proposer, "off", {**full, "ooospec_hint": CALL_TEXT,
+                                                                      "ooospec": "off"})
+    assert out == ref
+    assert forwards == 30                     # one forward per token: nothing was drafted
+    assert sidecar.waves == 1                 # no wave for it
+    assert proposer.totals["off"] == 1 and not proposer.faults
+    # any other value of the switch is ignored (a fault): the request drafts as usual
+    out, forwards = chain_decode(model, prompt, 30, proposer, "on", {**full, "ooospec_hint": CALL_TEXT,
+                                                                     "ooospec": "on"})
+    assert out == ref and forwards < 30 and proposer.faults["ooospec"] == 1
+
+
+def test_requests_never_finished_leave_at_most_max_requests_states():
+    """Clients that disconnect: vLLM may never call finish for their requests."""
+    model = tiny_model("llama")
+    proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes,
+                             config=ProposerConfig(method="ooospec", max_requests=16))
+    rng = random.Random(3)
+    for i in range(2000):
+        extra = [None, {"ooospec_hint": "abcabc"}, {"ooospec": "off"}, {"ooospec_history": f"h{i}"}][i % 4]
+        proposer.start(f"gone{i}", 5, extra)
+        proposer.step(f"gone{i}", [rng.randrange(VOCAB) for _ in range(6)], [1], room=64)
+        assert len(proposer.requests) <= 16
+    assert proposer.totals["requests"] == 2000 and len(proposer.histories) <= 64
+    prompt = list(range(10, 30))
+    out, _ = chain_decode(model, prompt, 12, proposer, "next")     # still serving
+    assert out == greedy(model, prompt, 12)
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_metrics_count_drafters_and_chains_and_are_logged_on_an_interval(caplog):
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    clock = _Clock()
+    proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, clock=clock,
+                             config=ProposerConfig(method="ooospec", log_interval_s=10.0))
+    extra = {"ooospec_tools": json.dumps(TOOLS), "ooospec_hint": CALL_TEXT, "ooospec_hint_schedule": 5}
+    caplog.set_level("INFO", logger="ooospec.runtime.vllm.proposer")
+    chain_decode(model, prompt, 30, proposer, "a", extra)
+    assert "proposer metrics" not in caplog.text                  # the interval has not passed
+    m = proposer.metrics()
+    assert m["totals"]["requests"] == 1 and m["totals"]["steps"] == m["window"]["steps"] > 0
+    assert m["totals"]["accepted"] > 0
+    assert m["totals"]["accepted"] == pytest.approx(m["window"]["mean_accepted"] * m["window"]["steps"])
+    assert sum(m["window"]["chain_lengths"].values()) == m["window"]["steps"]
+    assert m["window"]["mean_chain"] * m["window"]["steps"] == pytest.approx(m["totals"]["drafted"])
+    assert m["faults"] == {"ooospec_hint_schedule": 1}
+    drafters = m["drafters"]
+    assert {"schema_fsm"} <= set(drafters) and any(k.startswith("hints") for k in drafters)
+    for d in drafters.values():
+        assert 0 <= d["accepted"] <= d["proposed"] and d["accepted"] <= m["totals"]["accepted"]
+    assert sum(d["accepted"] for d in drafters.values()) >= m["totals"]["accepted"]   # a token may be several's
+    clock.now += 10.0
+    chain_decode(model, prompt, 30, proposer, "b", {"ooospec_tools": json.dumps(TOOLS)})
+    logged = [r.getMessage() for r in caplog.records if "proposer metrics" in r.getMessage()]
+    assert len(logged) == 1                                        # once per interval, at the first step past it
+    assert json.loads(logged[0].split("metrics ", 1)[1])["totals"]["requests"] == 2
+    assert proposer.metrics()["window"]["steps"] < proposer.metrics()["totals"]["steps"]   # a new window began
+
+
+def test_metrics_are_never_logged_with_interval_zero(caplog):
+    model = tiny_model("llama")
+    clock = _Clock()
+    proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes, clock=clock,
+                             config=ProposerConfig(log_interval_s=0))
+    caplog.set_level("INFO", logger="ooospec.runtime.vllm.proposer")
+    for i in range(3):
+        clock.now += 1e6
+        chain_decode(model, list(range(10, 30)), 8, proposer, f"r{i}")
+    assert "proposer metrics" not in caplog.text
+    assert proposer.metrics()["window"]["steps"] == proposer.metrics()["totals"]["steps"] > 0
+
+
+# ------------------------------------------------------------------------------------------ the plugin's edges
+
+
+def test_route_logs_sends_ooospec_lines_through_vllms_handlers():
+    import logging
+
+    ours, theirs = logging.getLogger("test-route.ours"), logging.getLogger("test-route.theirs")
+    handler = logging.Handler()
+    theirs.addHandler(handler)
+    theirs.setLevel(logging.INFO)
+    try:
+        assert plugin.route_logs(ours, theirs)
+        assert ours.handlers == [handler] and ours.getEffectiveLevel() == logging.INFO and not ours.propagate
+        assert not plugin.route_logs(ours, theirs)                 # configured already: left alone
+    finally:
+        theirs.removeHandler(handler)
+        ours.removeHandler(handler)
+
+
+def test_chat_xargs_survive_a_request_too_deep_to_serialize(caplog):
+    from types import SimpleNamespace
+
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    request = SimpleNamespace(vllm_xargs=None, tools=TOOLS, messages=[{"role": "user", "content": deep}])
+    assert plugin.chat_xargs(request) == {}
+    assert "RecursionError" in caplog.text
+    assert json.loads(plugin.chat_xargs(SimpleNamespace(vllm_xargs=None, tools=TOOLS, messages=USER))[
+        "ooospec_tools"]) == TOOLS

@@ -6,7 +6,10 @@
 Needs the registry's qwen2.5-coder-0.5b in the model cache (``ooospec models fetch qwen2.5-coder-0.5b``). Checks,
 on two real tool-call requests: the plugin is active; toolspec and oracle hints inside vLLM give vLLM's greedy
 output (or a near-tie, named); the oracle's hints are accepted; and ``vllm serve`` with the proposer answers an
-``openai`` client's tool-call request carrying hints in ``vllm_xargs``, with the text plain decoding gives.
+``openai`` client's tool-call request carrying hints in ``vllm_xargs``, with the text plain decoding gives. A request
+that opts out (``vllm_xargs={"ooospec": "off"}``) and requests with hostile ``vllm_xargs`` (a 4 MB toolbox, 10,000
+functions, a schema 5,000 levels deep, wrong types) get that same answer, the server answers normally after them,
+and it logs the proposer's metrics (faults included).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,7 +71,10 @@ def test_drafts_inside_vllm_keep_its_greedy_output(tmp_path, model_dir):
     assert results["methods"]["vllm"]["mat"] == pytest.approx(1.0)
 
 
-def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir):
+@contextmanager
+def vllm_server(log_path: Path, model_dir: str, options: dict):
+    """``vllm serve`` with the proposer (``options``: its ``--additional-config`` ``ooospec`` section), logging to
+    ``log_path``; yields ``(openai client, port)`` once it answers."""
     import openai
 
     from ooospec.runtime.sidecar_process import free_port
@@ -75,11 +82,11 @@ def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir
     port = free_port()
     spec = {"method": "custom_class", "model": "ooospec.runtime.vllm.OoOSpecProposer", "num_speculative_tokens": 16}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log = (tmp_path / "serve.log").open("w")
+    log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                              "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
                              "--no-enable-prefix-caching", "--speculative-config", json.dumps(spec),
-                             "--additional-config", json.dumps({"ooospec": {"method": "ooospec"}}),
+                             "--additional-config", json.dumps({"ooospec": options}),
                              "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
@@ -91,22 +98,66 @@ def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir
                 break
             except openai.APIConnectionError:
                 if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail("vllm serve did not start:\n" + (tmp_path / "serve.log").read_text()[-4000:])
+                    pytest.fail("vllm serve did not start:\n" + log_path.read_text()[-4000:])
                 time.sleep(2)
-        ask = {"model": model_dir, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
-        plain = client.chat.completions.create(**ask).choices[0].message     # tools reach the FSM via the plugin
-        calls = [(c.function.name, c.function.arguments) for c in plain.tool_calls or ()]
-        text = plain.content or ""
-        assert calls or text, "empty answer"
-        hint = text or "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>' for n, a in calls)
-        hinted = client.chat.completions.create(**ask, extra_body={"vllm_xargs": {"ooospec_hint": hint}})
-        got = hinted.choices[0].message
-        assert (got.content or "", [(c.function.name, c.function.arguments) for c in got.tool_calls or ()]) == (
-            text, calls), "hints changed the answer"
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        accepted = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_accepted_tokens_total")]
-        assert accepted and float(accepted[0].split()[-1]) > 0, "no draft token was accepted"
+        yield client, port
     finally:
         proc.terminate()
         proc.wait(60)
         log.close()
+
+
+def answer(client, model_dir: str, xargs: dict | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """The served answer to :data:`MESSAGES` with :data:`TOOLS` at temperature 0: ``(text, [(name, arguments)])``."""
+    ask = {"model": model_dir, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
+    got = client.chat.completions.create(**ask, **({"extra_body": {"vllm_xargs": xargs}} if xargs else {}))
+    message = got.choices[0].message
+    return message.content or "", [(c.function.name, c.function.arguments) for c in message.tool_calls or ()]
+
+
+def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir):
+    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}) as (client, port):
+        text, calls = answer(client, model_dir)      # tools reach the FSM via the plugin
+        assert calls or text, "empty answer"
+        hint = text or "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>' for n, a in calls)
+        assert answer(client, model_dir, {"ooospec_hint": hint}) == (text, calls), "hints changed the answer"
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        accepted = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_accepted_tokens_total")]
+        assert accepted and float(accepted[0].split()[-1]) > 0, "no draft token was accepted"
+
+
+def _nested_tools(depth: int) -> str:
+    """get_weather with a second property nesting ``depth`` objects, as JSON text."""
+    inner = '{"type": "object", "properties": {"a": ' * depth + '{"type": "string"}' + "}}" * depth
+    return ('[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", '
+            '"properties": {"city": {"type": "string"}, "nested": ' + inner + '}, "required": ["city"]}}}]')
+
+
+HOSTILE = {   # vllm_xargs values are strings, numbers or lists of them
+    "tools_4mb": {"ooospec_tools": json.dumps(TOOLS * (4_000_000 // len(json.dumps(TOOLS)) + 1))},
+    "tools_10000_functions": {"ooospec_tools": json.dumps([{"type": "function", "function": {"name": f"f{i}"}}
+                                                           for i in range(10_000)])},
+    "schema_5000_deep": {"ooospec_tools": _nested_tools(5000)},
+    "wrong_types": {"ooospec_tools": 7, "ooospec_messages": "hello", "ooospec_hint": ["a", 1],
+                    "ooospec_hint_schedule": "[[1], 2]", "ooospec_history": 3.5, "ooospec": "on"},
+}
+
+
+def test_opted_out_and_hostile_requests_get_the_plain_answer(tmp_path, model_dir):
+    log_path = tmp_path / "serve.log"
+    with vllm_server(log_path, model_dir, {"method": "ooospec", "log_interval_s": 1}) as (client, _):
+        plain = answer(client, model_dir)
+        assert plain[0] or plain[1], "empty answer"
+        assert answer(client, model_dir, {"ooospec": "off"}) == plain, "opting out changed the answer"
+        for name, xargs in HOSTILE.items():
+            assert answer(client, model_dir, xargs) == plain, name
+            assert answer(client, model_dir) == plain, f"the request after {name}"
+        time.sleep(1.5)
+        assert answer(client, model_dir) == plain       # a step past the interval: the metrics are logged
+    lines = [ln for ln in log_path.read_text().splitlines() if "ooo-spec proposer metrics " in ln]
+    assert lines, "no metrics logged:\n" + log_path.read_text()[-4000:]
+    metrics = json.loads(lines[-1].split("ooo-spec proposer metrics ", 1)[1])
+    assert metrics["totals"]["off"] == 1 and metrics["totals"]["requests"] >= 2 + 2 * len(HOSTILE)
+    assert {"ooospec", "ooospec_tools", "ooospec_messages", "ooospec_hint", "ooospec_hint_schedule",
+            "ooospec_history"} <= set(metrics["faults"])
+    assert metrics["drafters"], "no drafter's chain tokens counted"
