@@ -68,6 +68,8 @@ from ooospec.runtime.methods import GOLD, SERVED, SIDECAR, TOOLSPEC
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("stateless", "sessions", "speculative")
+SPECULATING = ("speculative", "dedicated")     # the variants that run tools on a guessed call
+EMULATED_VARIANTS = ("dedicated",)              # the sidecar on a device of its own, emulated (eval/agent_vllm.py)
 SPECULATORS = (GOLD, SIDECAR)   # the hint sources a turn's guess comes from (no oracle: it needs the turn's output)
 DEPLOYMENT = SHARED              # a sidecar this bench starts runs on every core at the bench's threads
 STUB_RESPONSE = '{"status": "success"}'
@@ -220,6 +222,20 @@ def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
     return guess
 
 
+def counting(guesser, sent: list[int]):
+    """``guesser`` counting in ``sent[0]`` the sidecar waves its guesses sent."""
+    from ooospec.runtime.sidecar_client import HintRequest
+
+    def guess(messages: list[dict], tools: list, turn: int):
+        g = guesser(messages, tools, turn)
+        decision = getattr(g, "decision", None)
+        if isinstance(g, HintRequest) and (decision is None or decision.kind != "skip"):
+            sent[0] += 1
+        return g
+
+    return guess
+
+
 def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str, max_new_tokens: int,
            client=None) -> dict:
     """One dialogue under one variant: ``{"wall_s", "turns": [...], "texts", ...}`` (see the module docstring)."""
@@ -229,8 +245,9 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
     tools = ReplayTools(dialogue, latency_s)
     executor = SpeculativeTools(tools.registry)
     guesser = None
+    sent = [0]                 # sidecar waves sent (a gate's skip sends none)
     if variant == "speculative" or chat.takes_hints:
-        make = make_guesser(speculator, chat, dialogue, client)
+        make = counting(make_guesser(speculator, chat, dialogue, client), sent)
         if variant == "speculative":
             guesser = make
         else:
@@ -244,13 +261,23 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
             client.prefill(messages, tools, only_if_pays=True)   # with a gate: only when it pays
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle)
+    return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0])
+
+
+def run_row(dialogue: Dialogue, variant: str, latency_s: float, run, executor, *, waves: int = 0,
+            excluded_s: float = 0.0) -> dict:
+    """One replay's row: the dialogue's wall time (less ``excluded_s``: untimed work inside the loop, e.g. an
+    emulated sidecar's wave run alone), every turn, the texts, calls, speculative hits and the tool latency they
+    hid (the latency of each hit call less what the loop still waited for it), ``waves`` sidecar waves sent."""
     turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,
               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "origin": s.origin,
               "prefilled_tokens": s.prompt_tokens - 1 - s.cached_tokens, "gen_s": s.gen_s,
               "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason, "wave": s.wave} for s in run.steps]
-    return {"id": dialogue.id, "variant": variant, "latency_s": latency_s, "wall_s": run.wall_s,
-            "steps": dialogue.steps, "turns": turns, "texts": [s.text for s in run.steps],
+    return {"id": dialogue.id, "variant": variant, "latency_s": latency_s, "wall_s": run.wall_s - excluded_s,
+            "excluded_s": excluded_s, "steps": dialogue.steps, "turns": turns, "texts": [s.text for s in run.steps],
             "calls": sum(s.call is not None for s in run.steps), "hits": sum(bool(s.hit) for s in run.steps),
+            "tool_hidden_s": sum(max(latency_s - s.tool_wait_s, 0.0) for s in run.steps if s.hit),
+            "waves": waves,
             "gold_calls_made": sum(s.call == dialogue.calls[s.turn] for s in run.steps
                                    if s.call is not None and s.turn < dialogue.steps),
             "speculation": executor.stats.to_dict()}
@@ -305,8 +332,9 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
     """One line per (latency, variant), in first-seen order.
 
     ``saved_frac`` = 1 - sum(wall) / sum(stateless wall) over the same dialogues; ``prefill_saved_frac`` likewise
-    for prefilled prompt tokens; ``hit_rate`` = hits / calls. Worked example: stateless walls [10, 20] and
-    sessions walls [9, 17] -> saved_frac 1 - 26 / 30 = 0.133.
+    for prefilled prompt tokens; ``hit_rate`` = hits / calls; ``vs_sessions`` = sum(sessions wall) / sum(wall)
+    over the same dialogues (> 1: faster than sessions). Worked example: stateless walls [10, 20] and sessions
+    walls [9, 17] -> saved_frac 1 - 26 / 30 = 0.133.
     """
     groups: dict[tuple[float, str], list[dict]] = defaultdict(list)
     for r in rows:
@@ -314,6 +342,8 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
     out = []
     for (latency, variant), rs in groups.items():
         base = {r["id"]: r for r in groups.get((latency, "stateless"), [])}
+        sessions = {r["id"]: r["wall_s"] for r in groups.get((latency, "sessions"), [])}
+        paired = [r for r in rs if r["id"] in sessions]
         wall = sum(r["wall_s"] for r in rs)
         base_wall = sum(base[r["id"]]["wall_s"] for r in rs if r["id"] in base)
         prefilled = sum(t["prefilled_tokens"] for r in rs for t in r["turns"])
@@ -330,6 +360,10 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
             "prefilled_tokens": prefilled,
             "prefill_saved_frac": 1 - prefilled / base_prefilled if base_prefilled else None,
             "hit_rate": sum(r["hits"] for r in rs) / calls if calls else None,
+            "vs_sessions": sum(sessions[r["id"]] for r in paired) / sum(r["wall_s"] for r in paired)
+            if paired else None,
+            "tool_hidden_s": sum(r.get("tool_hidden_s", 0.0) for r in rs),
+            "waves_sent": sum(r.get("waves", 0) for r in rs),
             "tool_wait_s": sum(t["tool_wait_s"] for r in rs for t in r["turns"]),
             "exact_rate": sum(exact) / len(exact) if exact else None,
             # the wave gate's decisions over the turns it decided ({} without a gate)
@@ -339,17 +373,27 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
 
 
 def markdown_table(summary: Sequence[dict]) -> str:
-    head = ["tool latency", "variant", "dialogues", "calls", "mean wall s", "time saved", "prefill tokens",
-            "prefill saved", "hit rate", "tool wait s", "exact"]
+    head = ["tool latency", "variant", "dialogues", "calls", "mean wall s", "vs sessions", "time saved",
+            "prefill tokens", "prefill saved", "hit rate", "waves sent", "tool hidden s", "tool wait s", "exact"]
     gated = any(s.get("waves") for s in summary)
-    rows = [[f"{s['latency_s']:g} s", s["variant"], s["dialogues"], s["calls"], f"{s['mean_wall_s']:.2f}",
-             pct(s["saved_frac"]), s["prefilled_tokens"], pct(s["prefill_saved_frac"]),
-             pct(s["hit_rate"]) if s["variant"] == "speculative" else "", f"{s['tool_wait_s']:.1f}",
+    rows = [[f"{s['latency_s']:g} s", variant_label(s["variant"]), s["dialogues"], s["calls"],
+             f"{s['mean_wall_s']:.2f}", _ratio(s.get("vs_sessions")), pct(s["saved_frac"]), s["prefilled_tokens"],
+             pct(s["prefill_saved_frac"]), pct(s["hit_rate"]) if s["variant"] in SPECULATING else "",
+             s.get("waves_sent", 0), f"{s.get('tool_hidden_s', 0.0):.1f}", f"{s['tool_wait_s']:.1f}",
              pct(s["exact_rate"])] + ([", ".join(f"{k} {n}" for k, n in s.get("waves", {}).items())] if gated else [])
             for s in summary]
     if gated:
         head.append("waves (gate)")
     return md_table(head, rows, align="rl" + "r" * (len(head) - 2))
+
+
+def _ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}x"
+
+
+def variant_label(variant: str) -> str:
+    """A table's name of a variant: an emulated deployment says so."""
+    return f"{variant} (EMULATED)" if variant in EMULATED_VARIANTS else variant
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -382,6 +426,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--out", type=Path, default=None, help="results JSON (default results/agent_bench_<target>.json)")
     p.add_argument("--cache", default=None, help="model cache root (default $OOOSPEC_CACHE or ~/.cache/ooospec)")
+    p.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                   help="the target's engine: ours on transformers, or vLLM with ooo-spec's proposer (needs vLLM; "
+                        "eval/agent_vllm.py: sessions = vLLM's prefix cache, the dedicated sidecar emulated)")
+    from ooospec.eval import agent_vllm
+
+    agent_vllm.add_arguments(p)
 
 
 def _latencies(text: str) -> list[float]:
@@ -395,6 +445,10 @@ def _latencies(text: str) -> list[float]:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        from ooospec.eval import agent_vllm
+
+        return agent_vllm.run_cli(args)
     import torch
 
     from ooospec.runtime import hardware
@@ -467,7 +521,7 @@ def _sidecar(args: argparse.Namespace, threads: int):
     sidecar = None
     if args.sidecar_url is None:   # DEPLOYMENT, as `ooospec bench`'s: every core, the bench's threads
         sidecar = launch_sidecar(args.sidecar_adapter, threads=threads, dtype=args.dtype)   # as the target
-    client = SidecarClient(args.sidecar_url or sidecar.url)
+    client = SidecarClient(args.sidecar_url or sidecar.url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
     if args.sidecar_gate == GATE_ON:
         from ooospec.runtime.wave_gate import WaveGate
 

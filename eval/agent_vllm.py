@@ -1,0 +1,328 @@
+"""``ooospec agent-bench --engine vllm``: the agent loop with the target in vLLM, sessions as vLLM's prefix cache,
+and tools started from the sidecar's call before the target has written it.
+
+Run in the vLLM environment (README "vLLM"), with a sidecar server running (``ooospec sidecar serve``)::
+
+    ooospec agent-bench --engine vllm --target qwen2.5-coder-1.5b --limit 2 --latencies 0,0.5,2 \\
+        --speculator sidecar --sidecar-url http://127.0.0.1:8765 --sidecar-wave function-first \\
+        --out eval/reports/agent_vllm/qwen2.5-coder-1.5b.json
+
+The dialogues and their replay are :mod:`ooospec.eval.agent_bench`'s (the same loop,
+:func:`ooospec.runtime.agent.run_agent`); here the target is one in-process vLLM engine running ooo-spec's
+``custom_class`` proposer (``toolspec``'s drafters: schema FSM, retrieval, prompt lookup; a request with an
+``ooospec_hint_schedule`` adds the hints), greedy, batch 1, prefix caching on. Each (latency, variant) keeps its
+own drafter history in the proposer (``ooospec_history``), so no variant learns from another's calls.
+
+Variants (every dialogue starts from an empty vLLM prefix cache with only its toolbox -- the system + tools
+block -- cached, untimed; the sidecar likewise starts each dialogue with only the toolbox in its cache):
+
+================  =======================================================================================
+``stateless``     vLLM's prefix cache emptied before every turn: each turn prefills the whole conversation
+``sessions``      the prefix cache keeps the conversation between turns; the tool runs after the call
+                  (``toolspec`` + sessions: the baseline of the issue's criterion)
+``speculative``   sessions + the sidecar's wave sent at each turn's arrival, on the SAME cores as the target (the
+                  ``shared`` deployment, real): when its joined call is ready, a side-effect-free tool runs at
+                  once; a key hit serves its result when the target's call is complete. The target drafts as
+                  ``toolspec`` (a wave's hints cannot reach a request already in vLLM)
+``dedicated``     EMULATED (the seeds' deployment: the sidecar on a device of its own, as fast as this CPU):
+                  each turn's wave is run ALONE first (vLLM idle; untimed, excluded from the dialogue's wall
+                  time), then the turn runs with the wave's joined call handed to the tools at the wave's
+                  measured latency, and its banks released to the target as hints at their latencies
+                  (``ooospec_hint_schedule``)
+================  =======================================================================================
+
+With ``--speculator gold`` the guessed call is the step's recorded call, ready at arrival (the ceiling; no wave,
+so no ``dedicated`` variant). Every replayed tool is side-effect free (:class:`~ooospec.eval.agent_bench.ReplayTools`);
+a side-effecting tool is never run speculatively (:class:`~ooospec.runtime.tools.SpeculativeTools`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ooospec.eval.agent_bench import (
+    Dialogue,
+    ReplayTools,
+    _dialogues,
+    _latencies,
+    counting,
+    make_guesser,
+    mark_exact,
+    markdown_table,
+    run_row,
+    summarize,
+)
+from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
+
+VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated")
+PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
+
+
+class VllmChat:
+    """The target in an in-process vLLM engine behind the agent loop's chat interface
+    (:meth:`~ooospec.runtime.chat.ChatModel.complete`'s arguments and :class:`~ooospec.runtime.chat.ChatTurn`).
+
+    Args:
+        llm: a ``vllm.LLM`` running :data:`PROPOSER` with prefix caching on.
+        params: ``SamplingParams`` keywords (greedy; the format's end of a call as a stop string).
+        history: the proposer's drafter history for this chat's requests (``ooospec_history``).
+        stateless: empty vLLM's prefix cache before every turn.
+    """
+
+    takes_hints = True     # a dedicated guess's banks go to the proposer as a hint schedule; others are not sent
+
+    def __init__(self, llm, tokenizer, fmt, params: dict, *, history: str, stateless: bool = False,
+                 eos_token_ids: Sequence[int] = ()):
+        self.llm, self.tokenizer, self.fmt = llm, tokenizer, fmt
+        self.params, self.history, self.stateless = params, history, stateless
+        self.eos_token_ids = set(eos_token_ids)
+
+    def encode(self, messages: list[dict], tools: list[dict]) -> list[int]:
+        text = self.fmt.render_prompt(self.tokenizer, messages, tools)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def warm_toolbox(self, messages: Sequence[dict], tools: Sequence[dict]) -> None:
+        """Untimed: vLLM's prefix cache emptied, then holding only this conversation's system + tools block."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from ooospec.runtime.chat import normalize_messages, system_tools_block
+        from ooospec.runtime.formats import common
+
+        self.llm.reset_prefix_cache()
+        block = system_tools_block(self.fmt, self.tokenizer, normalize_messages(messages),
+                                   common.wrap_tools(list(tools)))
+        self.llm.generate([TokensPrompt(prompt_token_ids=block)], SamplingParams(temperature=0.0, max_tokens=1),
+                          use_tqdm=False)
+
+    def complete(self, messages: Sequence, tools: Sequence = (), *, max_new_tokens: int = 256, hints=None):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from ooospec.runtime.chat import ChatTurn, normalize_messages
+        from ooospec.runtime.engine import GenerationResult
+        from ooospec.runtime.formats import common
+
+        messages = normalize_messages(messages)
+        tools = common.wrap_tools(list(tools)) if tools else []
+        names = [t["function"]["name"] for t in tools]
+        prompt = self.encode(messages, tools)
+        xargs = {"ooospec_tools": json.dumps(tools), "ooospec_history": self.history}
+        schedule = hint_schedule(hints)
+        if schedule is not None:
+            xargs["ooospec_hint_schedule"] = json.dumps(schedule)
+        if self.stateless:
+            self.llm.reset_prefix_cache()
+        sp = SamplingParams(**{**self.params, "max_tokens": max_new_tokens}, extra_args=xargs)
+        t0 = time.perf_counter()
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
+        wall = time.perf_counter() - t0
+        tokens = list(out.outputs[0].token_ids)
+        text = self.tokenizer.decode([t for t in tokens if t not in self.eos_token_ids], skip_special_tokens=False)
+        calls = [c for c in self.fmt.parse_calls(text) if c["name"] in names] if tools else []
+        length = out.outputs[0].finish_reason == "length"
+        reason = "tool_calls" if calls else ("length" if length else "stop")
+        cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+        result = GenerationResult(tokens=tokens, n_forwards=0, steps=[], prefill_s=0.0, decode_s=wall,
+                                  stop_reason="max_new_tokens" if length else "stop")
+        return ChatTurn(text=text, calls=calls, finish_reason=reason, prompt_tokens=len(prompt),
+                        completion_tokens=len(tokens), cached_tokens=cached,
+                        origin="stateless" if self.stateless else ("prefix" if cached else "new"), result=result)
+
+
+def hint_schedule(guess) -> list | None:
+    """A dedicated guess's banks as ``ooospec_hint_schedule`` (``[[after_s, calls], ...]``, the offsets counted
+    from now); None for any other guess (its hints are not sent)."""
+    from ooospec.eval.ooospec_method import ReleasedGuess
+
+    if not isinstance(guess, ReleasedGuess):
+        return None
+    elapsed = time.perf_counter() - guess.start
+    return [[round(max(t - elapsed, 0.0), 4), bank.calls] for t, bank in guess.schedule if bank.calls]
+
+
+def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
+    """``(messages, tools, turn) -> ReleasedGuess``: the turn's wave run ALONE now (nothing else runs), its banks
+    replayed from the turn's start; the time spent is added to ``excluded[0]`` (not part of the dialogue)."""
+    from ooospec.eval.ooospec_method import ReleasedGuess
+    from ooospec.runtime.sidecar_process import wait_idle
+
+    def guess(messages: list[dict], tools: list, turn: int):
+        t0 = time.perf_counter()
+        wait_idle(client.base_url)
+        arrival = time.perf_counter()
+        req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer, arrival=arrival)
+        released = ReleasedGuess.after_alone(req, arrival)
+        excluded[0] += time.perf_counter() - t0
+        return released
+
+    return guess
+
+
+def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str,
+                max_new_tokens: int, client=None) -> dict:
+    """One dialogue under one variant (see the module docstring): a row of
+    :func:`~ooospec.eval.agent_bench.run_row`."""
+    from ooospec.runtime.agent import run_agent
+    from ooospec.runtime.sidecar_process import reset_prefix_cache, wait_idle
+    from ooospec.runtime.sidecar_prompts import toolbox_messages
+    from ooospec.runtime.tools import SpeculativeTools
+
+    tools = ReplayTools(dialogue, latency_s)
+    executor = SpeculativeTools(tools.registry)
+    excluded, sent = [0.0], [0]
+    guesser = None
+    if client is not None:           # untimed: no wave left running, the sidecar's cache = the toolbox only
+        wait_idle(client.base_url)
+        reset_prefix_cache(client.base_url)
+        client.prefill(toolbox_messages(dialogue.messages), dialogue.tools[0], wait=True)
+    if not chat.stateless:
+        chat.warm_toolbox(dialogue.messages, dialogue.tools[0])
+    if variant == "speculative":
+        guesser = counting(make_guesser(speculator, chat, dialogue, client), sent)
+    elif variant == "dedicated":
+        guesser = counting(dedicated_guesser(client, chat, excluded), sent)
+    run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
+                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn)
+    if variant == "dedicated":
+        sent[0] = sum(1 for s in run.steps)        # one wave per turn, each run alone
+    return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
+
+
+def variants_of(text: str, speculator: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VLLM_VARIANTS]
+    if unknown or not names:
+        raise SystemExit(f"--variants: unknown {unknown or text!r}; known: {', '.join(VLLM_VARIANTS)}")
+    if speculator == GOLD and "dedicated" in names:
+        raise SystemExit("--variants dedicated needs --speculator sidecar (a wave to time alone)")
+    return names
+
+
+def build_engine(args, model_dir: str):
+    """The target's vLLM engine (in this process): ``custom_class`` = ooo-spec's proposer, prefix caching on."""
+    from vllm import LLM
+
+    options = {"method": OOOSPEC, "chain_cost_slope": args.chain_cost_slope}   # no sidecar_url: hints per request
+    return LLM(model=model_dir, tokenizer=model_dir, dtype=args.vllm_dtype, max_model_len=args.max_model_len,
+               enable_prefix_caching=True, seed=0, max_num_seqs=1, disable_log_stats=False,
+               speculative_config={"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k},
+               additional_config={"ooospec": options})
+
+
+def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialogues: Sequence[Dialogue],
+                   latencies: Sequence[float], variants: Sequence[str], *, speculator: str, max_new_tokens: int,
+                   client=None, on_row=None, progress: bool = True) -> list[dict]:
+    """Every latency x dialogue x variant, variants interleaved per dialogue (after an untimed warm-up)."""
+    def chat(variant: str, latency: float | str) -> VllmChat:
+        return VllmChat(llm, tokenizer, fmt, params, history=f"{variant}@{latency}",
+                        stateless=variant == "stateless", eos_token_ids=eos)
+
+    warm = Dialogue(dialogues[0].id, dialogues[0].messages, dialogues[0].tools[:1], dialogues[0].calls[:1],
+                    dialogues[0].responses[:1])
+    for variant in variants:
+        replay_vllm(chat(variant, "warm-up"), warm, 0.0, variant, speculator=speculator,
+                    max_new_tokens=min(16, max_new_tokens), client=client)
+    rows: list[dict] = []
+    for latency in latencies:
+        chats = {v: chat(v, latency) for v in variants}
+        for dialogue in tqdm(dialogues, desc=f"agent-bench (vLLM) latency {latency:g}s", disable=not progress):
+            for variant in variants:
+                rows.append(replay_vllm(chats[variant], dialogue, latency, variant, speculator=speculator,
+                                        max_new_tokens=max_new_tokens, client=client))
+                mark_exact(rows)
+                if on_row is not None:
+                    on_row(rows)
+    return rows
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``agent-bench --engine vllm``."""
+    from transformers import AutoTokenizer
+
+    from ooospec.eval.vllm_bench import environment as vllm_environment
+    from ooospec.eval.vllm_bench import sampling_params
+    from ooospec.pipelines.records import write_json
+    from ooospec.runtime.fetch import REGISTRY, fetch
+    from ooospec.runtime.formats import detect_format
+    from ooospec.runtime.hardware import vllm_cpu_env
+
+    latencies = _latencies(args.latencies)
+    variants = variants_of(args.variants, args.speculator)
+    if args.speculator == SIDECAR and not args.sidecar_url:
+        raise SystemExit("--engine vllm --speculator sidecar needs --sidecar-url (a running `ooospec sidecar serve`)")
+    dialogues = _dialogues(args)
+    threads = 2 if args.threads == "auto" else int(args.threads)
+    vllm_cpu_env(threads, kvcache_gb=2)
+    model_dir = str(fetch(args.target, args.cache)) if args.target in REGISTRY else args.target
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    fmt = detect_format(tokenizer)
+    params = sampling_params(model_dir, tokenizer, fmt, args.max_new_tokens)
+    eos = params["stop_token_ids"]
+    client = _client(args) if args.speculator == SIDECAR else None
+    args.ngram_k, args.dtype = None, args.vllm_dtype      # what vllm_bench.environment reads
+    out = args.out or Path("results") / f"agent_vllm_{Path(args.target).stem or 'target'}.json"
+    config = {"engine": "vllm", "target": args.target, "datasets": args.datasets, "limit": args.limit,
+              "min_steps": args.min_steps, "latencies": latencies, "variants": variants,
+              "speculator": args.speculator, "max_new_tokens": args.max_new_tokens,
+              "dialogues": [d.id for d in dialogues],
+              "sidecar": None if client is None else {"url": args.sidecar_url, "wave": args.sidecar_wave,
+                                                      "top_k": args.sidecar_top_k}}
+    env = {**vllm_environment(args), "prefix_caching": True, "warm_tools": True, "sidecar_server": _served(args)}
+    llm = build_engine(args, model_dir)
+    t0 = time.perf_counter()
+
+    def save(rows: list[dict], partial: bool) -> dict:
+        results = {"config": config, "env": {**env, "wall_s": time.perf_counter() - t0}, "partial": partial,
+                   "summary": summarize(rows), "dialogues": rows}
+        write_json(out, results)
+        return results
+
+    rows = run_bench_vllm(llm, tokenizer, fmt, params, eos, dialogues, latencies, variants,
+                          speculator=args.speculator, max_new_tokens=args.max_new_tokens, client=client,
+                          on_row=lambda rows: save(rows, True))
+    results = save(rows, False)
+    table = markdown_table(results["summary"])
+    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from ooospec.runtime.sidecar_client import SidecarClient
+
+    return SidecarClient(args.sidecar_url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
+
+
+def _served(args: argparse.Namespace) -> dict | None:
+    """How the sidecar server runs (its ``/health``: engine, dtype, threads, cpus, calibration) and which adapter."""
+    if not args.sidecar_url:
+        return None
+    from ooospec.runtime.sidecar_process import health
+
+    served = health(args.sidecar_url) or {}
+    return {k: served.get(k) for k in ("engine", "dtype", "threads", "cpus", "layout_version", "calibration")}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options only ``--engine vllm`` reads (the rest are agent-bench's)."""
+    g = p.add_argument_group("--engine vllm (and the sidecar's wave, either engine)")
+    g.add_argument("--variants", default=",".join(VLLM_VARIANTS),
+                   help=f"comma-separated, from {', '.join(VLLM_VARIANTS)} (see eval/agent_vllm.py)")
+    g.add_argument("--vllm-dtype", default="bfloat16", help="the target's dtype in vLLM (float32 on a CPU without "
+                                                             "native bf16)")
+    g.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the proposer")
+    g.add_argument("--chain-cost-slope", type=float, default=0.02)
+    g.add_argument("--max-model-len", type=int, default=4096)
+    g.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",
+                   help="the sidecar client's wave: every tool's arguments at once, or the function index first "
+                        "(runtime/sidecar_waves.py)")
+    g.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
+

@@ -1,0 +1,178 @@
+"""The agent bench with the target in vLLM (eval/agent_vllm.py), without vLLM: a stand-in ``vllm`` module whose
+``LLM`` decodes greedily with the tiny chat model that knows one tool conversation, and records every request's
+``extra_args`` and prefix-cache resets."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from ooospec.eval import agent_vllm
+from ooospec.eval.agent_bench import Dialogue, summarize
+from ooospec.runtime.formats import hermes
+from ooospec.runtime.hints import HintBank
+from tests.runtime.chat_tiny import CALL, RESULT, TOOLS, USER, trained_chat_model
+
+
+class _Params:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class _LLM:
+    """Greedy decoding of the tiny model: vLLM's ``generate`` shape, the stop string and ids honoured."""
+
+    def __init__(self, model, tok):
+        self.model, self.tok = model, tok
+        self.requests: list[dict] = []
+        self.resets = 0
+
+    def reset_prefix_cache(self) -> None:
+        self.resets += 1
+
+    def generate(self, prompts, sp, use_tqdm=False):
+        ids = list(prompts[0]["prompt_token_ids"])
+        self.requests.append(dict(getattr(sp, "extra_args", None) or {}))
+        out: list[int] = []
+        reason = "length"
+        with torch.no_grad():
+            while len(out) < sp.max_tokens:
+                t = int(self.model(torch.tensor([ids + out])).logits[0, -1].argmax())
+                out.append(t)
+                if t in (getattr(sp, "stop_token_ids", None) or []):
+                    reason = "stop"
+                    break
+                if any(s in self.tok.decode(out) for s in (getattr(sp, "stop", None) or [])):
+                    reason = "stop"
+                    break
+        o = types.SimpleNamespace(token_ids=out, finish_reason=reason)
+        return [types.SimpleNamespace(outputs=[o], num_cached_tokens=0)]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = _Params
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    from ooospec.runtime import sidecar_process
+
+    monkeypatch.setattr(sidecar_process, "wait_idle", lambda url, *a, **k: 0.0)
+    monkeypatch.setattr(sidecar_process, "reset_prefix_cache", lambda url, *a, **k: True)
+    model, tok = trained_chat_model()
+    return _LLM(model, tok), tok
+
+
+DIALOGUE = Dialogue("weather", USER, [TOOLS], [CALL], [RESULT])
+
+
+def _chat(llm, tok, variant: str) -> agent_vllm.VllmChat:
+    params = {"temperature": 0.0, "stop": ["</tool_call>"], "stop_token_ids": [tok.eos_token_id],
+              "include_stop_str_in_output": True, "skip_special_tokens": False}
+    return agent_vllm.VllmChat(llm, tok, hermes, params, history=f"{variant}@1", stateless=variant == "stateless",
+                               eos_token_ids=[tok.eos_token_id])
+
+
+class _Wave:
+    """A sidecar wave already answered with ``call`` (what ``ReleasedGuess.after_alone`` polls)."""
+
+    def __init__(self, call):
+        self.bank = HintBank.from_calls([call], hermes, trained_chat_model()[1])
+        self.done = True
+
+    def poll(self):
+        return self.bank
+
+
+class _Client:
+    base_url = "http://sidecar.invalid"
+
+    def __init__(self, call):
+        self.call, self.submitted, self.prefilled = call, 0, 0
+
+    def submit(self, messages, tools, **kw):
+        self.submitted += 1
+        return _Wave(self.call)
+
+    def prefill(self, messages, tools, **kw):
+        self.prefilled += 1
+        return True
+
+
+def test_every_variant_gives_the_same_turns_and_a_guessed_call_hides_the_tool(fake_vllm):
+    llm, tok = fake_vllm
+    client = _Client(CALL)
+    rows = {v: agent_vllm.replay_vllm(_chat(llm, tok, v), DIALOGUE, 0.3, v, speculator="gold",
+                                      max_new_tokens=24, client=client if v == "dedicated" else None)
+            for v in ("stateless", "sessions", "speculative", "dedicated")}
+    texts = rows["sessions"]["texts"]
+    assert texts[0].startswith("<tool_call>") and json.loads(texts[0].split("\n")[1]) == CALL
+    assert all(r["texts"] == texts for r in rows.values())            # a guess changes speed, never text
+    assert rows["sessions"]["hits"] == 0 and rows["stateless"]["hits"] == 0
+    assert rows["speculative"]["hits"] == 1 and rows["dedicated"]["hits"] == 1   # the tool ran on the guess
+    assert rows["speculative"]["waves"] == 0                            # gold: no wave
+    assert rows["dedicated"]["waves"] == 2 and client.submitted == 2    # one wave per turn, each run alone
+    assert rows["dedicated"]["excluded_s"] > 0
+    assert rows["dedicated"]["wall_s"] == pytest.approx(
+        sum(t["gen_s"] + t["tool_wait_s"] for t in rows["dedicated"]["turns"]), abs=0.25)
+
+
+def test_requests_carry_their_history_and_only_a_dedicated_wave_sends_hints(fake_vllm):
+    llm, tok = fake_vllm
+    agent_vllm.replay_vllm(_chat(llm, tok, "sessions"), DIALOGUE, 0.0, "sessions", speculator="gold",
+                           max_new_tokens=24)
+    resets_after_sessions = llm.resets
+    agent_vllm.replay_vllm(_chat(llm, tok, "dedicated"), DIALOGUE, 0.0, "dedicated", speculator="sidecar",
+                           max_new_tokens=24, client=_Client(CALL))
+    turns = [r for r in llm.requests if r]              # the untimed toolbox warm-ups carry no extra_args
+    sessions, dedicated = turns[:2], turns[-2:]
+    assert [r["ooospec_history"] for r in sessions] == ["sessions@1", "sessions@1"]
+    assert all(json.loads(r["ooospec_tools"])[0]["function"]["name"] == "get_weather" for r in turns)
+    assert not any("ooospec_hint_schedule" in r for r in sessions)
+    after_s, calls = json.loads(dedicated[0]["ooospec_hint_schedule"])[0]
+    assert calls == [CALL] and after_s == 0.0             # answered before the turn started: released at once
+    assert resets_after_sessions == 1 and len(llm.requests) == 6   # per dialogue: cache emptied, toolbox cached
+
+
+def test_stateless_empties_the_prefix_cache_every_turn(fake_vllm):
+    llm, tok = fake_vllm
+    row = agent_vllm.replay_vllm(_chat(llm, tok, "stateless"), DIALOGUE, 0.0, "stateless", speculator="gold",
+                                 max_new_tokens=24)
+    assert llm.resets == len(row["turns"]) == 2
+
+
+def test_hint_schedule_counts_from_now_and_ignores_other_guesses():
+    from ooospec.eval.ooospec_method import ReleasedGuess
+
+    bank = HintBank.from_calls([CALL], hermes, trained_chat_model()[1])
+    guess = ReleasedGuess(None, [(0.5, bank), (5.0, bank)])
+    guess.start -= 1.0                                     # one second into the turn
+    schedule = agent_vllm.hint_schedule(guess)
+    assert [t for t, _ in schedule] == [0.0, pytest.approx(4.0, abs=0.05)] and schedule[0][1] == [CALL]
+    assert agent_vllm.hint_schedule(bank) is None and agent_vllm.hint_schedule(None) is None
+
+
+def test_variants_are_checked():
+    assert agent_vllm.variants_of("sessions,dedicated", "sidecar") == ["sessions", "dedicated"]
+    with pytest.raises(SystemExit, match="unknown"):
+        agent_vllm.variants_of("sessions,turbo", "sidecar")
+    with pytest.raises(SystemExit, match="needs --speculator sidecar"):
+        agent_vllm.variants_of("dedicated", "gold")
+
+
+def test_summary_prices_each_variant_against_sessions():
+    def row(variant, wall, hidden=0.0):
+        return {"id": "d", "variant": variant, "latency_s": 2.0, "wall_s": wall, "turns": [], "calls": 1, "hits": 1,
+                "exact": True, "tool_hidden_s": hidden, "waves": 1}
+
+    summary = {s["variant"]: s for s in summarize([row("stateless", 12.0), row("sessions", 10.0),
+                                                    row("dedicated", 8.0, 1.5)])}
+    assert summary["dedicated"]["vs_sessions"] == pytest.approx(1.25)
+    assert summary["sessions"]["vs_sessions"] == pytest.approx(1.0)
+    assert summary["dedicated"]["tool_hidden_s"] == 1.5 and summary["dedicated"]["waves_sent"] == 1
