@@ -237,7 +237,7 @@ def counting(guesser, sent: list[int]):
 
 
 def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str, max_new_tokens: int,
-           client=None) -> dict:
+           client=None, speculate_top_k: int = 1) -> dict:
     """One dialogue under one variant: ``{"wall_s", "turns": [...], "texts", ...}`` (see the module docstring)."""
     from ooospec.runtime.agent import run_agent
     from ooospec.runtime.tools import SpeculativeTools
@@ -260,7 +260,8 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
         def idle(messages: list[dict], tools: list) -> None:
             client.prefill(messages, tools, only_if_pays=True)   # with a gate: only when it pays
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
-                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle)
+                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle,
+                    speculate_top_k=speculate_top_k)
     return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0])
 
 
@@ -285,7 +286,8 @@ def run_row(dialogue: Dialogue, variant: str, latency_s: float, run, executor, *
 
 def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequence[float], *,
               method: str = TOOLSPEC, speculator: str = GOLD, max_new_tokens: int = 128, client=None,
-              variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None) -> list[dict]:
+              variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None,
+              speculate_top_k: int = 1) -> list[dict]:
     """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
     from ooospec.runtime.chat import ChatModel
     from ooospec.runtime.session import PrefixCache, SessionStore
@@ -309,7 +311,7 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
                 if client is not None:      # untimed: a cancelled wave still running never slows the next replay
                     wait_idle(client.base_url)
                 row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
-                             max_new_tokens=max_new_tokens, client=client)
+                             max_new_tokens=max_new_tokens, client=client, speculate_top_k=speculate_top_k)
                 rows.append(row)
                 mark_exact(rows)
                 if on_row is not None:
@@ -422,6 +424,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(runtime/wave_gate.py, learnt online from the prior of the deployment a sidecar this bench "
                         f"starts runs in, {DEPLOYMENT.name}); {GATE_OFF}: every wave")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--speculate-top-k", type=int, default=1,
+                   help="candidate calls of each guess run speculatively: the guessed call, then its wave's next "
+                        "likeliest functions (function-first); each costs a tool run")
     p.add_argument("--threads", default="auto", help="torch threads: 'auto' or a number")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--out", type=Path, default=None, help="results JSON (default results/agent_bench_<target>.json)")
@@ -468,6 +473,8 @@ def run_cli(args: argparse.Namespace) -> int:
     config = {"target": args.target, "datasets": args.datasets, "limit": args.limit, "min_steps": args.min_steps,
               "latencies": latencies, "method": args.method, "speculator": args.speculator,
               "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues],
+              "speculate_top_k": args.speculate_top_k, "sidecar_wave": args.sidecar_wave,
+              "sidecar_top_k": args.sidecar_top_k,
               "sidecar_gate": args.sidecar_gate if args.speculator == SIDECAR else None}
     env = _environment(args, threads, dtype, model, client)
     t0 = time.perf_counter()
@@ -483,7 +490,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
     try:
         rows = run_bench(model, tok, dialogues, latencies, method=args.method, speculator=args.speculator,
-                         max_new_tokens=args.max_new_tokens, client=client, on_row=lambda rows: save(rows, True))
+                         max_new_tokens=args.max_new_tokens, client=client, on_row=lambda rows: save(rows, True),
+                         speculate_top_k=args.speculate_top_k)
     finally:
         if sidecar is not None:
             sidecar.stop()

@@ -166,7 +166,7 @@ def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
 
 
 def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str,
-                max_new_tokens: int, client=None) -> dict:
+                max_new_tokens: int, client=None, speculate_top_k: int = 1) -> dict:
     """One dialogue under one variant (see the module docstring): a row of
     :func:`~ooospec.eval.agent_bench.run_row`."""
     from ooospec.runtime.agent import run_agent
@@ -189,7 +189,8 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
     elif variant == "dedicated":
         guesser = counting(dedicated_guesser(client, chat, excluded), sent)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
-                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn)
+                    max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn,
+                    speculate_top_k=speculate_top_k)
     if variant == "dedicated":
         sent[0] = sum(1 for s in run.steps)        # one wave per turn, each run alone
     return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
@@ -218,7 +219,7 @@ def build_engine(args, model_dir: str):
 
 def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialogues: Sequence[Dialogue],
                    latencies: Sequence[float], variants: Sequence[str], *, speculator: str, max_new_tokens: int,
-                   client=None, on_row=None, progress: bool = True) -> list[dict]:
+                   client=None, on_row=None, progress: bool = True, speculate_top_k: int = 1) -> list[dict]:
     """Every latency x dialogue x variant, variants interleaved per dialogue (after an untimed warm-up)."""
     def chat(variant: str, latency: float | str) -> VllmChat:
         return VllmChat(llm, tokenizer, fmt, params, history=f"{variant}@{latency}",
@@ -235,7 +236,8 @@ def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialog
         for dialogue in tqdm(dialogues, desc=f"agent-bench (vLLM) latency {latency:g}s", disable=not progress):
             for variant in variants:
                 rows.append(replay_vllm(chats[variant], dialogue, latency, variant, speculator=speculator,
-                                        max_new_tokens=max_new_tokens, client=client))
+                                        max_new_tokens=max_new_tokens, client=client,
+                                        speculate_top_k=speculate_top_k))
                 mark_exact(rows)
                 if on_row is not None:
                     on_row(rows)
@@ -271,6 +273,7 @@ def run_cli(args: argparse.Namespace) -> int:
     config = {"engine": "vllm", "target": args.target, "datasets": args.datasets, "limit": args.limit,
               "min_steps": args.min_steps, "latencies": latencies, "variants": variants,
               "speculator": args.speculator, "max_new_tokens": args.max_new_tokens,
+              "speculate_top_k": args.speculate_top_k,
               "dialogues": [d.id for d in dialogues],
               "sidecar": None if client is None else {"url": args.sidecar_url, "wave": args.sidecar_wave,
                                                       "top_k": args.sidecar_top_k}}
@@ -286,7 +289,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
     rows = run_bench_vllm(llm, tokenizer, fmt, params, eos, dialogues, latencies, variants,
                           speculator=args.speculator, max_new_tokens=args.max_new_tokens, client=client,
-                          on_row=lambda rows: save(rows, True))
+                          on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k)
     results = save(rows, False)
     table = markdown_table(results["summary"])
     out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")

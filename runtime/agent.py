@@ -70,15 +70,26 @@ class AgentRun:
     wall_s: float = 0.0
 
 
+def candidate_calls(guess: CallGuess, call: dict | None, top_k: int) -> list[dict]:
+    """The calls to run speculatively once ``guess`` gave ``call``: ``call``, then the other candidates of its
+    bank (a function-first wave's next likeliest functions, joined), ``top_k`` at most."""
+    if call is None:
+        return []
+    bank = guess.poll()
+    others = [c for c in (getattr(bank, "calls", None) or []) if c != call]
+    return ([call] + others)[:max(top_k, 1)]
+
+
 class _Watcher:
-    """Hands a turn's guessed call to the speculative cache once it is ready, unless the turn is over.
+    """Hands a turn's guessed call (and up to ``top_k - 1`` other candidates of its bank) to the speculative cache
+    once it is ready, unless the turn is over.
 
     A call ready at arrival (a :class:`~ooospec.runtime.hints.HintBank`, a wave already answered) is handed over
     here, before the turn decodes, so its speculative run never races the target; a later one by a watcher thread.
     """
 
-    def __init__(self, guess: CallGuess, tools: SpeculativeTools):
-        self.guess, self.tools = guess, tools
+    def __init__(self, guess: CallGuess, tools: SpeculativeTools, top_k: int = 1):
+        self.guess, self.tools, self.top_k = guess, tools, top_k
         self.call: dict | None = None
         self._lock = threading.Lock()
         self._over = False
@@ -98,7 +109,8 @@ class _Watcher:
             if call is None or self._over:
                 return
             self.call = call
-            self.tools.speculate(call)
+            for candidate in candidate_calls(self.guess, call, self.top_k):
+                self.tools.speculate(candidate)
 
     def close(self) -> dict | None:
         """End the turn for speculation; the guessed call if it was ready before this."""
@@ -112,7 +124,8 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
               max_turns: int = 8, max_new_tokens: int = 256,
               guess: Callable[[list[dict], list, int], CallGuess | None] | None = None,
               on_turn: Callable[[int], None] | None = None,
-              on_tool_start: Callable[[list[dict], list], None] | None = None) -> AgentRun:
+              on_tool_start: Callable[[list[dict], list], None] | None = None,
+              speculate_top_k: int = 1) -> AgentRun:
     """Run the loop from ``messages`` until the target answers without a call, or ``max_turns`` turns.
 
     Args:
@@ -127,6 +140,8 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         on_tool_start: ``(messages, tools)`` when a call is about to run, with the conversation up to and with
             the call: the idle window while the tool runs (e.g. ``SidecarClient.prefill`` computes the sidecar's
             next block then, so the next turn's wave prefills only the tool result). Must not block.
+        speculate_top_k: how many candidate calls of a guess run speculatively (the guessed call, then its bank's
+            other candidates: a function-first wave's next likeliest functions); each costs a tool run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -138,7 +153,7 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         executor.clear()
         turn_tools = list(tools(turn) if callable(tools) else tools)
         g = guess(run.messages, turn_tools, turn) if guess is not None else None
-        watcher = _Watcher(g, executor) if g is not None else None
+        watcher = _Watcher(g, executor, speculate_top_k) if g is not None else None
         t0 = time.perf_counter()
         try:
             ct = chat.complete(run.messages, turn_tools, max_new_tokens=max_new_tokens,

@@ -85,6 +85,24 @@ def test_a_wrong_guess_costs_a_wasted_run_and_a_real_call():
     assert sorted(c["city"] for c in impl.calls) == ["Paris", "Rome"] and executor.stats.misses == 1
 
 
+def test_the_second_candidate_of_a_guess_runs_too_when_asked_and_hits():
+    """A function-first bank's candidates: the likeliest call wrong, the next right. With ``speculate_top_k=2`` both
+    run early and the target's call is a hit; with 1 only the wrong one runs. Text unchanged either way."""
+    wrong = {"name": "get_weather", "arguments": {"city": "Rome"}}
+
+    def guess(messages, tools, turn):
+        return HintBank.from_calls([wrong, CALL], _chat(False).fmt, trained_chat_model()[1]) if turn == 0 else None
+
+    for top_k, hit in ((1, False), (2, True)):
+        executor, impl = _tools(side_effect_free=True)
+        run = run_agent(_chat(True), USER, TOOLS, executor, max_turns=4, max_new_tokens=40, guess=guess,
+                        speculate_top_k=top_k)
+        _join_tool_runs()
+        assert [s.text for s in run.steps][1] == ANSWER and run.steps[0].guess == wrong
+        assert run.steps[0].hit is hit and executor.stats.started == top_k
+        assert sorted(c["city"] for c in impl.calls) == ["Paris", "Rome"]   # a miss runs the real call after
+
+
 def test_a_sidecar_guess_drafts_and_speculates():
     """Method ooospec with a (stand-in) sidecar: the wave's joined call drafts tokens and runs the tool early;
     the output is the same as without it."""
