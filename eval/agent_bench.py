@@ -320,8 +320,11 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
 
 
 def mark_exact(rows: list[dict]) -> None:
-    """``row["exact"]``: the row's texts equal the ``stateless`` row's of the same dialogue and latency."""
-    ref = {(r["id"], r["latency_s"]): r["texts"] for r in rows if r["variant"] == "stateless"}
+    """``row["exact"]``: the row's texts equal the reference row's of the same dialogue and latency (``stateless``,
+    or ``sessions`` in a run without stateless turns)."""
+    variants = {r["variant"] for r in rows}
+    reference = "stateless" if "stateless" in variants else "sessions"
+    ref = {(r["id"], r["latency_s"]): r["texts"] for r in rows if r["variant"] == reference}
     for r in rows:
         base = ref.get((r["id"], r["latency_s"]))
         r["exact"] = None if base is None else r["texts"] == base
@@ -352,6 +355,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
         base_prefilled = sum(t["prefilled_tokens"] for r in rs if r["id"] in base for t in base[r["id"]]["turns"])
         calls = sum(r["calls"] for r in rs)
         exact = [r["exact"] for r in rs if r.get("exact") is not None]
+        kinds = [r["divergence"]["kind"] for r in rs if r.get("divergence")]
         decided = [t["wave"]["decision"] for r in rs for t in r["turns"] if t.get("wave")]
         out.append({
             "latency_s": latency, "variant": variant, "dialogues": len(rs),
@@ -368,6 +372,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
             "waves_sent": sum(r.get("waves", 0) for r in rs),
             "tool_wait_s": sum(t["tool_wait_s"] for r in rs for t in r["turns"]),
             "exact_rate": sum(exact) / len(exact) if exact else None,
+            "near_ties": kinds.count("near_tie"), "defects": kinds.count("defect"),
             # the wave gate's decisions over the turns it decided ({} without a gate)
             "waves": {k: decided.count(k) for k in ("skip", "index", "slots") if k in decided},
         })
@@ -382,11 +387,18 @@ def markdown_table(summary: Sequence[dict]) -> str:
              f"{s['mean_wall_s']:.2f}", _ratio(s.get("vs_sessions")), pct(s["saved_frac"]), s["prefilled_tokens"],
              pct(s["prefill_saved_frac"]), pct(s["hit_rate"]) if s["variant"] in SPECULATING else "",
              s.get("waves_sent", 0), f"{s.get('tool_hidden_s', 0.0):.1f}", f"{s['tool_wait_s']:.1f}",
-             pct(s["exact_rate"])] + ([", ".join(f"{k} {n}" for k, n in s.get("waves", {}).items())] if gated else [])
+             _exact(s)] + ([", ".join(f"{k} {n}" for k, n in s.get("waves", {}).items())] if gated else [])
             for s in summary]
     if gated:
         head.append("waves (gate)")
     return md_table(head, rows, align="rl" + "r" * (len(head) - 2))
+
+
+def _exact(s: dict) -> str:
+    """The exact column: the share of dialogues identical to the reference, and how the others parted."""
+    notes = [f"{s[k]} {k.replace('_', '-')[:-1] if s[k] == 1 else k.replace('_', '-')}"
+             for k in ("near_ties", "defects") if s.get(k)]
+    return pct(s["exact_rate"]) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _ratio(x: float | None) -> str:

@@ -82,6 +82,7 @@ class VllmChat:
         self.llm, self.tokenizer, self.fmt = llm, tokenizer, fmt
         self.params, self.history, self.stateless = params, history, stateless
         self.eos_token_ids = set(eos_token_ids)
+        self.trace: list[tuple[list[int], list[int]]] = []    # (prompt, output) of each turn (classification)
 
     def encode(self, messages: list[dict], tools: list[dict]) -> list[int]:
         text = self.fmt.render_prompt(self.tokenizer, messages, tools)
@@ -124,6 +125,7 @@ class VllmChat:
         out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t0
         tokens = list(out.outputs[0].token_ids)
+        self.trace.append((prompt, tokens))
         text = self.tokenizer.decode([t for t in tokens if t not in self.eos_token_ids], skip_special_tokens=False)
         calls = [c for c in self.fmt.parse_calls(text) if c["name"] in names] if tools else []
         length = out.outputs[0].finish_reason == "length"
@@ -184,6 +186,7 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
         client.prefill(toolbox_messages(dialogue.messages), dialogue.tools[0], wait=True)
     if not chat.stateless:
         chat.warm_toolbox(dialogue.messages, dialogue.tools[0])
+    chat.trace = []
     if variant == "speculative":
         guesser = counting(make_guesser(speculator, chat, dialogue, client), sent)
     elif variant == "dedicated":
@@ -193,7 +196,50 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
                     speculate_top_k=speculate_top_k)
     if variant == "dedicated":
         sent[0] = sum(1 for s in run.steps)        # one wave per turn, each run alone
-    return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
+    row = run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
+    row["_trace"] = chat.trace              # in memory only (left out of the JSON): for classify()
+    return row
+
+
+def first_divergence(trace: Sequence[tuple[list[int], list[int]]],
+                     ref: Sequence[tuple[list[int], list[int]]]) -> tuple[int, int] | None:
+    """``(turn, token)`` where a replay's outputs first differ from the reference replay's (same prompts up to
+    there, since every earlier turn agreed); None when they never do."""
+    for turn, ((prompt, out), (ref_prompt, ref_out)) in enumerate(zip(trace, ref)):
+        if prompt != ref_prompt:
+            return None                      # cannot happen before a differing output; nothing to classify
+        if out != ref_out:
+            k = next((i for i, (a, b) in enumerate(zip(out, ref_out)) if a != b), min(len(out), len(ref_out)))
+            return turn, k
+    return None
+
+
+def classify(llm, rows: list[dict], tie_margin: float) -> None:
+    """``row["divergence"]`` of every row whose texts differ from its reference row's: the turn and token where
+    they part and the top-2 logprob margin there (one untimed re-run of the reference prompt, drafts off), a
+    ``near_tie`` at or under ``tie_margin`` (batched verification of other chains can flip such a token in bf16),
+    else a ``defect``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ooospec.eval.vllm_runs import margin_at
+
+    reference = "stateless" if any(r["variant"] == "stateless" for r in rows) else "sessions"
+    refs = {(r["id"], r["latency_s"]): r for r in rows if r["variant"] == reference}
+    for row in rows:
+        ref = refs.get((row["id"], row["latency_s"]))
+        if row.get("exact") is not False or ref is None:
+            continue
+        found = first_divergence(row["_trace"], ref["_trace"])
+        if found is None:
+            continue
+        turn, k = found
+        prompt = ref["_trace"][turn][0]
+        sp = SamplingParams(temperature=0.0, max_tokens=k + 1, logprobs=2, extra_args={"ooospec": "off"})
+        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0].outputs[0]
+        margin = margin_at(out.logprobs, k)
+        row["divergence"] = {"turn": turn, "token": k, "margin": margin,
+                             "kind": "near_tie" if margin is not None and margin <= tie_margin else "defect"}
 
 
 def variants_of(text: str, speculator: str) -> list[str]:
@@ -283,13 +329,15 @@ def run_cli(args: argparse.Namespace) -> int:
 
     def save(rows: list[dict], partial: bool) -> dict:
         results = {"config": config, "env": {**env, "wall_s": time.perf_counter() - t0}, "partial": partial,
-                   "summary": summarize(rows), "dialogues": rows}
+                   "summary": summarize(rows), "dialogues": [{k: v for k, v in r.items() if k != "_trace"}
+                                                             for r in rows]}
         write_json(out, results)
         return results
 
     rows = run_bench_vllm(llm, tokenizer, fmt, params, eos, dialogues, latencies, variants,
                           speculator=args.speculator, max_new_tokens=args.max_new_tokens, client=client,
                           on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k)
+    classify(llm, rows, args.tie_margin)
     results = save(rows, False)
     table = markdown_table(results["summary"])
     out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
@@ -322,6 +370,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vllm-dtype", default="bfloat16", help="the target's dtype in vLLM (float32 on a CPU without "
                                                              "native bf16)")
     g.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the proposer")
+    g.add_argument("--tie-margin", type=float, default=0.25,
+                   help="a turn that differs from the reference where the top-2 logprob margin is at most this is a "
+                        "near tie (bf16), else a defect")
     g.add_argument("--chain-cost-slope", type=float, default=0.02)
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",

@@ -41,6 +41,7 @@ from pathlib import Path
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
 from ooospec.eval.vllm_report import render_table
 from ooospec.eval.vllm_runs import dedicated_schedules, run_method, run_server_method, sidecar_wave
+from ooospec.runtime.deployments import GATE_OFF, SERVE_GATE_CHOICES
 from ooospec.runtime.hardware import vllm_cpu_env
 from ooospec.runtime.methods import (
     DEFAULT_VLLM_BENCH_METHODS,
@@ -155,6 +156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the sidecar client's wave: one pass over every tool's arguments, or the function index "
                         "first, then the likeliest functions' arguments (runtime/sidecar_waves.py)")
     p.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
+    p.add_argument("--sidecar-gate", choices=SERVE_GATE_CHOICES, default=GATE_OFF,
+                   help="method ooospec: off (every wave sent) or the deployment the sidecar runs in, whose prior "
+                        "the proposer's wave gate decides from (shared: the target's cores; runtime/wave_gate.py)")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")

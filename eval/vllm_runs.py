@@ -44,13 +44,15 @@ def ooospec_options(method: str, sidecar_url: str | None, slope: float, wave: di
     if m.uses_sidecar and sidecar_url and m.deployment is None:   # dedicated: the bench replays a measured wave
         options["sidecar_url"] = sidecar_url
         if wave:
-            options.update(sidecar_wave=wave["wave"], sidecar_top_k=wave["top_k"])
+            options.update(sidecar_wave=wave["wave"], sidecar_top_k=wave["top_k"],
+                           sidecar_gate=wave.get("gate", "off"))
     return options
 
 
 def sidecar_wave(args) -> dict:
-    """The sidecar client's wave options of a run (``--sidecar-wave``, ``--sidecar-top-k``)."""
-    return {"wave": getattr(args, "sidecar_wave", "all"), "top_k": getattr(args, "sidecar_top_k", 2)}
+    """The sidecar client's wave options of a run (``--sidecar-wave``, ``--sidecar-top-k``, ``--sidecar-gate``)."""
+    return {"wave": getattr(args, "sidecar_wave", "all"), "top_k": getattr(args, "sidecar_top_k", 2),
+            "gate": getattr(args, "sidecar_gate", "off")}
 
 
 def request_xargs(method: str, record: dict, reference_text: str | None, schedule: list | None = None) -> dict:
@@ -82,7 +84,7 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
     from ooospec.runtime.sidecar_process import wait_idle
     from ooospec.runtime.sidecar_prompts import toolbox_messages
 
-    client = SidecarClient(url, **wave)
+    client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"])   # alone: nothing to gate
     out = {}
     for record in records:
         wait_idle(url)

@@ -3,7 +3,8 @@
 # and `ooospec-dedicated` (EMULATED: each request's wave is timed alone on the same server first, then vLLM runs the
 # target with that wave's hints released at the measured latency: a device of its own as fast as this CPU), beside
 # vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached).
-#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / ADAPTER / OUT override the defaults
+# `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
+#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -14,6 +15,9 @@ WAVE=${WAVE:-function-first}
 PORT=${PORT:-8765}
 THREADS=${THREADS:-2}
 ADAPTER=${ADAPTER:-adapters/sidecar}
+GATE=${GATE:-shared}
+METHODS=${METHODS:-vllm,toolspec,ooospec,ooospec-dedicated}
+ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
 mkdir -p "$OUT"
 .venv/bin/ooospec sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
   > "$OUT/sidecar_server.log" 2>&1 &
@@ -24,7 +28,7 @@ curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do
     .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --warm-tools \
-      --methods vllm,toolspec,ooospec,ooospec-dedicated --sidecar-url "http://127.0.0.1:$PORT" \
+      --methods "$METHODS" $ADD --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" \
       --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_warm.json"
   done
 done

@@ -56,6 +56,7 @@ from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, label_outcomes, record_chain
+from ooospec.runtime.vllm.step_cost import StepClock, StepCost
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,16 @@ class ProposerConfig:
         sidecar_wave: ``all`` (the index and every tool's arguments in one wave) or ``function-first`` (the index,
             then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar_client.SidecarClient`).
         sidecar_top_k: function-first's most candidate functions.
-        chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`).
+        sidecar_gate: ``off`` (every request's wave is sent) or the deployment the sidecar runs in
+            (:data:`~ooospec.runtime.deployments.SERVE_GATE_CHOICES`: ``shared`` = on the target's cores, ``split``,
+            ``remote``): each wave is sent, cut or skipped by a :class:`~ooospec.runtime.wave_gate.WaveGate` from
+            that deployment's prior and the server's own calibration (``/health``). Inside vLLM the gate does not
+            learn from outcomes (no per-step timings reach the proposer): it decides from the prior.
+        chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`); with
+            ``chain_pricing="batch"`` the prior until the engine's own steps are fit.
+        chain_pricing: ``batch`` (default): each request's chain priced at ``slope * B`` in a batch of ``B``
+            decoding requests, ``slope`` learnt from the engine's steps (:mod:`~.step_cost`: under load chains
+            shorten, and stop where drafts no longer pay); ``fixed``: ``chain_cost_slope`` whatever the batch.
         max_requests: request states kept at most (the oldest is dropped: a preempted request that never returns,
             a client that disconnected and was never finished).
         log_interval_s: :meth:`ChainProposer.metrics` logged at INFO at most this often, while serving (0 = never).
@@ -92,7 +102,9 @@ class ProposerConfig:
     sidecar_layout: int | None = None
     sidecar_wave: str = "all"
     sidecar_top_k: int = 2
+    sidecar_gate: str = "off"
     chain_cost_slope: float = 0.02
+    chain_pricing: str = "batch"
     max_requests: int = 4096
     log_interval_s: float = 30.0
 
@@ -101,6 +113,12 @@ class ProposerConfig:
             raise ValueError(f"ooospec method {self.method!r} does not run in vLLM; choose one of {VLLM_METHODS}")
         if self.max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
+        if self.chain_pricing not in ("batch", "fixed"):
+            raise ValueError(f"chain_pricing must be 'batch' or 'fixed', got {self.chain_pricing!r}")
+        from ooospec.runtime.deployments import SERVE_GATE_CHOICES
+
+        if self.sidecar_gate not in SERVE_GATE_CHOICES:
+            raise ValueError(f"sidecar_gate must be one of {SERVE_GATE_CHOICES}, got {self.sidecar_gate!r}")
         if not (math.isfinite(self.log_interval_s) and self.log_interval_s >= 0):
             raise ValueError(f"log_interval_s must be >= 0 (0 = never), got {self.log_interval_s}")
 
@@ -190,6 +208,11 @@ class ChainProposer:
             self.sidecar = SidecarClient(self.config.sidecar_url, model=self.config.sidecar_model,
                                          layout=self.config.sidecar_layout, fallback_layout=adapter_layout(),
                                          wave=self.config.sidecar_wave, top_k=self.config.sidecar_top_k)
+            if self.config.sidecar_gate != "off":
+                from ooospec.runtime.deployments import get_deployment
+                from ooospec.runtime.wave_gate import WaveGate
+
+                self.sidecar.gate = WaveGate(get_deployment(self.config.sidecar_gate).prior)
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.faults: dict[str, int] = {}
         self.totals = {"requests": 0, "off": 0, "steps": 0, "drafted": 0, "accepted": 0}
@@ -197,6 +220,8 @@ class ChainProposer:
         self.window = ChainWindow()
         self.clock = clock
         self._logged_at = clock()
+        self.step_cost = StepCost(self.config.chain_cost_slope)
+        self.batch = 1                                # decoding requests in the current step
 
     # ---------------------------------------------------------------------------------------------- requests
 
@@ -315,7 +340,7 @@ class ChainProposer:
         if state.steps == 0:
             state.history.acceptance.start_request()
         state.proposals = collect_proposals(state.drafters, ctx, self.vocab_size, self._fault)
-        state.chain = choose_chain(state.tokens[-1], state.proposals, state.history.acceptance, self.cost,
+        state.chain = choose_chain(state.tokens[-1], state.proposals, state.history.acceptance, self.chain_cost(),
                                    min(self.max_len, room))
         state.steps += 1
         state.drafted += len(state.chain)
@@ -324,6 +349,13 @@ class ChainProposer:
         self.window.steps += 1
         self.window.lengths[len(state.chain)] += 1
         return list(state.chain)
+
+    def chain_cost(self) -> ChainCost:
+        """The price of a chain now: the fixed slope, or (``chain_pricing="batch"``) the learnt one times the
+        batch (:mod:`~ooospec.runtime.vllm.step_cost`)."""
+        if self.config.chain_pricing == "fixed":
+            return self.cost
+        return ChainCost(self.step_cost.price(self.batch))
 
     def _learn(self, state: RequestState, n: int) -> None:
         """vLLM accepted ``n`` drafts of the request's last chain: the estimates and the counters learn it."""
@@ -352,8 +384,12 @@ class ChainProposer:
         length, mean accepted drafts per step, chain length -> steps), and ``faults`` per name."""
         drafters = {label: {"proposed": p, "accepted": a, "acceptance_rate": round(a / p, 4) if p else 0.0}
                     for label, (p, a) in sorted(self.by_label.items())}
+        fit = self.step_cost.fit()
+        pricing = {"mode": self.config.chain_pricing, "batch": self.batch, "slope": round(self.step_cost.slope(), 5),
+                   "price": round(self.chain_cost().slope, 5), "steps_timed": len(self.step_cost.samples),
+                   "fit_s": None if fit is None else [round(fit[0], 6), round(fit[1], 6)]}
         return {"totals": dict(self.totals), "live": len(self.requests), "drafters": drafters,
-                "window": self.window.summary(), "faults": dict(sorted(self.faults.items()))}
+                "window": self.window.summary(), "pricing": pricing, "faults": dict(sorted(self.faults.items()))}
 
     def _log_if_due(self) -> None:
         """Log :meth:`metrics` when ``log_interval_s`` has passed since the last log, and start a new window."""
@@ -390,6 +426,7 @@ class OoOSpecProposer:
         self.core = ChainProposer(tokenizer, vocab_size=model_config.get_vocab_size(),
                                   max_len=spec.num_speculative_tokens, config=ProposerConfig.from_mapping(options))
         self.max_model_len = model_config.max_model_len
+        self.steps = StepClock(self.core.step_cost, self.core.clock)
         self._req_ids: list[str] = []
         self._lookup: Callable[[str], tuple[int, Mapping | None]] | None = None
         logger.info("ooo-spec proposer: method %s, chains of up to %d tokens, format %s",
@@ -407,6 +444,9 @@ class OoOSpecProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
                 **_unused) -> list[list[int]]:
         out: list[list[int]] = []
+        decoding = [self._req_ids[i] for i, s in enumerate(sampled_token_ids) if len(s) and i < len(self._req_ids)]
+        self.steps.start(decoding)           # the step just run, timed when its batch was the previous one
+        self.core.batch = len(decoding)
         for i, sampled in enumerate(sampled_token_ids):
             if not len(sampled) or i >= len(self._req_ids):   # a chunked prefill goes on: no draft this step
                 out.append([])
@@ -418,6 +458,7 @@ class OoOSpecProposer:
             room = self.max_model_len - n - 1
             tokens = token_ids_cpu[i, :n].tolist()
             out.append(self.core.step(req_id, tokens, list(sampled), room) if room > 0 else [])
+        self.steps.end(len(decoding) + sum(len(chain) for chain in out))   # the next step verifies roots + chains
         return out
 
     def load_model(self, *args, **kwargs) -> None:

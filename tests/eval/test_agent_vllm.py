@@ -176,3 +176,43 @@ def test_summary_prices_each_variant_against_sessions():
     assert summary["dedicated"]["vs_sessions"] == pytest.approx(1.25)
     assert summary["sessions"]["vs_sessions"] == pytest.approx(1.0)
     assert summary["dedicated"]["tool_hidden_s"] == 1.5 and summary["dedicated"]["waves_sent"] == 1
+
+
+def test_without_stateless_turns_exactness_is_against_sessions():
+    from ooospec.eval.agent_bench import mark_exact
+
+    rows = [{"id": "d", "latency_s": 2.0, "variant": v, "texts": t}
+            for v, t in (("sessions", ["a", "b"]), ("speculative", ["a", "b"]), ("dedicated", ["a", "c"]))]
+    mark_exact(rows)
+    assert [r["exact"] for r in rows] == [True, True, False]
+
+
+def test_first_divergence_finds_the_turn_and_token():
+    ref = [([1, 2], [5, 6, 7]), ([1, 2, 5, 6, 7, 9], [8, 8])]
+    assert agent_vllm.first_divergence(ref, ref) is None
+    assert agent_vllm.first_divergence([ref[0], ([1, 2, 5, 6, 7, 9], [8, 3])], ref) == (1, 1)
+    assert agent_vllm.first_divergence([([1, 2], [5, 6])], ref) == (0, 2)       # one ended early
+
+
+def test_classify_names_a_near_tie_and_a_defect_by_the_reference_margin(fake_vllm):
+    class _Margins:
+        def __init__(self, gap):
+            self.gap = gap
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            lp = [{1: types.SimpleNamespace(logprob=-0.1), 2: types.SimpleNamespace(logprob=-0.1 - self.gap)}]
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(logprobs=lp * sp.max_tokens)])]
+
+    def rows():
+        ref = {"id": "d", "latency_s": 0.0, "variant": "sessions", "exact": True, "_trace": [([1], [4, 5])]}
+        other = {"id": "d", "latency_s": 0.0, "variant": "dedicated", "exact": False, "_trace": [([1], [4, 6])]}
+        return [ref, other]
+
+    for gap, kind in ((0.05, "near_tie"), (3.0, "defect")):
+        rs = rows()
+        agent_vllm.classify(_Margins(gap), rs, 0.25)
+        assert rs[1]["divergence"] == {"turn": 0, "token": 1, "margin": pytest.approx(gap), "kind": kind}
+        assert "divergence" not in rs[0]
+    summary = {s["variant"]: s for s in summarize([{**r, "wall_s": 1.0, "turns": [], "calls": 0, "hits": 0}
+                                                    for r in rs])}
+    assert summary["dedicated"]["defects"] == 1 and summary["dedicated"]["near_ties"] == 0

@@ -297,6 +297,28 @@ def test_a_vllm_served_sidecar_gets_waves_in_the_shipped_adapters_layout():
     assert proposer.sidecar.layout == adapter_layout() == 3
 
 
+def test_a_gated_proposer_skips_the_waves_its_deployment_cannot_pay_for():
+    """``sidecar_gate``: the shared deployment's prior prices a wave on the target's own cores above its hints,
+    so no wave is sent (the request drafts as toolspec); off sends every wave; an unknown deployment is refused."""
+    from tests.runtime.sidecar_servers import MESSAGES as WAVE_MESSAGES
+    from tests.runtime.sidecar_servers import TOOLS as WAVE_TOOLS
+    from tests.runtime.sidecar_servers import StandIn
+
+    _, tok = trained_chat_model()
+    extra = {"ooospec_tools": json.dumps(WAVE_TOOLS), "ooospec_messages": json.dumps(WAVE_MESSAGES)}
+    with StandIn("by_query") as server:
+        gated = ChainProposer(tok, vocab_size=len(tok), max_len=16,
+                              config=ProposerConfig(method="ooospec", sidecar_url=server.url, sidecar_gate="shared"))
+        state = gated.start("a", 5, extra)
+        assert state.hints is not None and state.hints.source.wait(30) is None   # decided: skip
+        assert state.hints.source.decision.kind == "skip" and not server.received
+        plain = ChainProposer(tok, vocab_size=len(tok), max_len=16,
+                              config=ProposerConfig(method="ooospec", sidecar_url=server.url))
+        assert plain.sidecar.gate is None and plain.start("b", 5, extra).hints.source.wait(30) is not None
+    with pytest.raises(ValueError, match="sidecar_gate"):
+        ProposerConfig(method="ooospec", sidecar_gate="dedicated")
+
+
 def test_a_hint_schedule_releases_its_calls_late_and_keeps_greedy_output():
     """``ooospec_hint_schedule`` (the ooospec-dedicated emulation): the calls become hints only ``after_s`` after
     the request started; before that the request drafts as toolspec; a malformed schedule only costs the hints."""
