@@ -38,7 +38,6 @@ a side-effecting tool is never run speculatively (:class:`~ooospec.runtime.tools
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -46,11 +45,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ooospec.eval.agent_bench import (
+from ooospec.eval.agent_replay import (
     Dialogue,
     ReplayTools,
-    _dialogues,
-    _latencies,
     counting,
     make_guesser,
     mark_exact,
@@ -290,22 +287,20 @@ def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialog
     return rows
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """``agent-bench --engine vllm``."""
+def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
+    """``agent-bench --engine vllm`` (``args``: agent-bench's parsed options) over ``dialogues`` at ``latencies``."""
     from transformers import AutoTokenizer
 
-    from ooospec.eval.vllm_bench import environment as vllm_environment
-    from ooospec.eval.vllm_bench import sampling_params
+    from ooospec.eval.vllm_runs import environment as vllm_environment
+    from ooospec.eval.vllm_runs import sampling_params
     from ooospec.pipelines.records import write_json
     from ooospec.runtime.fetch import REGISTRY, fetch
     from ooospec.runtime.formats import detect_format
     from ooospec.runtime.hardware import vllm_cpu_env
 
-    latencies = _latencies(args.latencies)
     variants = variants_of(args.variants, args.speculator)
     if args.speculator == SIDECAR and not args.sidecar_url:
         raise SystemExit("--engine vllm --speculator sidecar needs --sidecar-url (a running `ooospec sidecar serve`)")
-    dialogues = _dialogues(args)
     threads = 2 if args.threads == "auto" else int(args.threads)
     vllm_cpu_env(threads, kvcache_gb=2)
     model_dir = str(fetch(args.target, args.cache)) if args.target in REGISTRY else args.target
@@ -314,7 +309,7 @@ def run_cli(args: argparse.Namespace) -> int:
     params = sampling_params(model_dir, tokenizer, fmt, args.max_new_tokens)
     eos = params["stop_token_ids"]
     client = _client(args) if args.speculator == SIDECAR else None
-    args.ngram_k, args.dtype = None, args.vllm_dtype      # what vllm_bench.environment reads
+    args.ngram_k, args.dtype = None, args.vllm_dtype      # what vllm_runs.environment reads
     out = args.out or Path("results") / f"agent_vllm_{Path(args.target).stem or 'target'}.json"
     config = {"engine": "vllm", "target": args.target, "datasets": args.datasets, "limit": args.limit,
               "min_steps": args.min_steps, "latencies": latencies, "variants": variants,
@@ -346,13 +341,13 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace):
+def _client(args):
     from ooospec.runtime.sidecar_client import SidecarClient
 
     return SidecarClient(args.sidecar_url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
 
 
-def _served(args: argparse.Namespace) -> dict | None:
+def _served(args) -> dict | None:
     """How the sidecar server runs (its ``/health``: engine, dtype, threads, cpus, calibration) and which adapter."""
     if not args.sidecar_url:
         return None
@@ -362,7 +357,7 @@ def _served(args: argparse.Namespace) -> dict | None:
     return {k: served.get(k) for k in ("engine", "dtype", "threads", "cpus", "layout_version", "calibration")}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p) -> None:
     """The options only ``--engine vllm`` reads (the rest are agent-bench's)."""
     g = p.add_argument_group("--engine vllm (and the sidecar's wave, either engine)")
     g.add_argument("--variants", default=",".join(VLLM_VARIANTS),

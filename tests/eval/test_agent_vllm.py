@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ooospec.eval import agent_vllm
-from ooospec.eval.agent_bench import Dialogue, summarize
+from ooospec.eval.agent_replay import Dialogue, summarize
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.hints import HintBank
 from tests.runtime.chat_tiny import CALL, RESULT, TOOLS, USER, trained_chat_model
@@ -179,7 +179,7 @@ def test_summary_prices_each_variant_against_sessions():
 
 
 def test_without_stateless_turns_exactness_is_against_sessions():
-    from ooospec.eval.agent_bench import mark_exact
+    from ooospec.eval.agent_replay import mark_exact
 
     rows = [{"id": "d", "latency_s": 2.0, "variant": v, "texts": t}
             for v, t in (("sessions", ["a", "b"]), ("speculative", ["a", "b"]), ("dedicated", ["a", "c"]))]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ooospec.eval import agent_bench, bench_data
+from ooospec.eval import agent_replay, bench_data
 from ooospec.pipelines import dedupe, eval_sidecar, expand_slots, normalize, teacher
 from ooospec.pipelines import records as R
 
@@ -50,7 +50,7 @@ def _readers(tmp_path: Path) -> dict:
         "expand_slots": lambda p: expand_slots.run(expand_slots.ExpandSlotsParams(), p, tmp_path / "a.jsonl",
                                                    tmp_path / "b.jsonl", None, None),
         "bench": lambda p: bench_data.load_examples(p),
-        "agent_bench": lambda p: agent_bench.load_dialogues(p),
+        "agent_bench": lambda p: agent_replay.load_dialogues(p),
     }
 
 
