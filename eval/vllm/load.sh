@@ -2,17 +2,18 @@
 # vLLM's OpenAI server under concurrent load (`ooospec vllm-load`, eval/vllm_load.py): plain vLLM, ooo-spec's
 # toolspec proposer and vLLM's ngram, the same requests at each concurrency, streamed and not; per target one results
 # JSON, a markdown table and the servers' logs in OUT. Each method is kept as it finishes: rerun to resume.
-#   bash eval/vllm/load.sh            # TARGETS / DATASET / LIMIT / CONC / OUT
+#   bash eval/vllm/load.sh            # TARGETS / DATASET / LIMIT / CONC / STREAM / OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 DATASET=${DATASET:-apibank-l1}
 LIMIT=${LIMIT:-16}
 CONC=${CONC:-1,2,4,8,16}
+STREAM=${STREAM:-both}
 OUT=${OUT:-eval/reports/vllm/load}
 mkdir -p "$OUT"
 for t in $TARGETS; do
-  .venv-vllm/bin/ooospec vllm-load --target "$t" --dataset "$DATASET" --limit "$LIMIT" --concurrency "$CONC" \
+  .venv-vllm/bin/ooospec vllm-load --target "$t" --dataset "$DATASET" --limit "$LIMIT" --concurrency "$CONC" --stream "$STREAM" \
     --out "$OUT/${t}_${DATASET}.json"
 done
 echo VLLM_LOAD_DONE
