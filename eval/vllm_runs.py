@@ -96,6 +96,9 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
         req = client.submit(record["messages"], record["tools"], fmt=fmt, tokenizer=tokenizer, arrival=arrival)
         guess = ReleasedGuess.after_alone(req, arrival, timeout)
         out[record["id"]] = [[round(t, 4), bank.calls] for t, bank in guess.schedule]
+    if records and not any(out.values()):
+        raise SystemExit(f"ooospec-dedicated: no wave of the {len(records)} requests was answered by {url} (is the "
+                         f"sidecar server up, and is it ours?): the row would be toolspec's, not the emulation")
     return out
 
 

@@ -19,11 +19,19 @@ GATE=${GATE:-shared}
 METHODS=${METHODS:-vllm,toolspec,ooospec,ooospec-dedicated}
 ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
 mkdir -p "$OUT"
+if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
+  echo "port $PORT already serves something (an earlier sidecar still shutting down?): stop it or set PORT" >&2
+  exit 1
+fi
 .venv/bin/ooospec sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
   > "$OUT/sidecar_server.log" 2>&1 &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+  kill -0 $SERVER 2>/dev/null || { echo "the sidecar server exited; see $OUT/sidecar_server.log" >&2; exit 1; }
+  sleep 1
+done
 curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do

@@ -183,3 +183,15 @@ def test_warm_tools_caches_the_toolbox_block_only(tmp_path):
     args.warm_tools = False
     assert vllm_runs.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
     assert vllm_report.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"
+
+
+def test_dedicated_schedules_refuse_a_sidecar_that_answers_nothing():
+    """No wave answered (nothing listens, or another server holds the port): the dedicated row would be toolspec's,
+    so the bench stops instead of emulating nothing."""
+    from ooospec.runtime.formats import hermes
+    from tests.runtime.chat_tiny import TOOLS, USER, trained_chat_model
+
+    record = {"id": "r", "messages": USER, "tools": TOOLS}
+    with pytest.raises(SystemExit, match="no wave of the 1 requests"):
+        vllm_runs.dedicated_schedules("http://127.0.0.1:9", [record], trained_chat_model()[1], hermes,
+                                      wave={"wave": "all", "top_k": 2}, warm_tools=False, timeout=5.0)
