@@ -21,12 +21,13 @@ Columns (one row per method, concurrency and stream mode)::
                       pricing (batch seen, price per drafted token), from its ``ooo-spec proposer metrics`` log
                       lines: where chains shrink as the batch grows
 
-Caveats. On 2 CPU cores a batch step is compute-bound: more requests in flight cost nearly proportionally more per
-step; batching gains little and drafts compete with the batch for the cores (what chain pricing is for).
-``identical`` is exact text, NOT tie-classified (batched numerics may flip a near tie; ``vllm-bench`` classifies,
-this bench does not). With prefix caching on (default) every level after the first finds the prompts cached, for
-every method alike. The proposer logs at a step once ``--log-interval`` has passed: after each level the bench
-waits that long and sends an untimed 2-token request to log the level's last window. The JSON (each method saved
+Caveats. On 2 CPU cores batching has less to spread than on a GPU, and drafts compete with the batch for the cores
+(what chain pricing is for). ``identical`` is exact text, NOT tie-classified (batched numerics may flip a near tie;
+``vllm-bench`` classifies, this bench does not). With prefix caching on (default) every level after the first finds
+the prompts cached, for every method alike; ooo-spec's drafters start each level with a fresh history
+(``ooospec_history`` per level), so retrieval never drafts a request from its own output at an earlier level. The
+proposer logs at a step once ``--log-interval`` has passed: after each level the bench waits that long and sends an
+untimed 2-token request to log the level's last window. The JSON (each method saved
 in ``<out>.rows/`` as it finishes; a rerun skips finished methods), a markdown table and each server's log
 (``<stem>.<method>.server.log``) are written beside each other.
 """
@@ -122,10 +123,14 @@ def openai_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def request_body(record: dict, model: str, max_new_tokens: int, stream: bool) -> dict:
-    """One chat completion request of ``record``: greedy, its messages and tools, ``max_new_tokens``."""
+def request_body(record: dict, model: str, max_new_tokens: int, stream: bool, history: str | None = None) -> dict:
+    """One chat completion request of ``record``: greedy, its messages and tools, ``max_new_tokens``; ``history``:
+    the ooo-spec proposer's drafter history for it (``ooospec_history``), so that a level never retrieves the
+    calls an earlier level of the same requests produced."""
     body = {"model": model, "messages": openai_messages(record["messages"]), "tools": record["tools"],
             "temperature": 0.0, "max_tokens": max_new_tokens, "stream": stream}
+    if history is not None:
+        body["vllm_xargs"] = {"ooospec_history": history}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -347,7 +352,8 @@ def run_method(args, method: str, records: list[dict]) -> dict:
             for c in args.levels:
                 for stream in args.streams:
                     offset = log.stat().st_size
-                    bodies = [request_body(r, args.model_dir, args.max_new_tokens, stream) for r in records]
+                    history = f"c{c}-{'stream' if stream else 'whole'}" if engine else None   # fresh per level
+                    bodies = [request_body(r, args.model_dir, args.max_new_tokens, stream, history) for r in records]
                     rows, wall = run_level(url, bodies, ids, c)
                     proposer = None
                     if engine:
@@ -375,7 +381,8 @@ def settings_of(args, records: list[dict]) -> dict:
     """What a saved method's levels must have been run with to be reused by a rerun."""
     keys = ("target", "levels", "streams", "max_new_tokens", "prefix_caching", "threads", "dtype", "k", "ngram_k",
             "chain_cost_slope")
-    return {"ids": [r["id"] for r in records], **{k: getattr(args, k) for k in keys}}
+    return {"ids": [r["id"] for r in records], "drafter_history": "per level",
+            **{k: getattr(args, k) for k in keys}}
 
 
 def measure(args, records: list[dict], saved: Path) -> dict[str, dict]:

@@ -281,3 +281,9 @@ def test_a_rerun_keeps_finished_methods(tmp_path, monkeypatch):
     args.max_new_tokens = 64                                  # other settings: nothing is kept
     vl.measure(args, records, tmp_path / "x.rows")
     assert ran[3:] == ["vllm", "toolspec"]
+
+
+def test_a_level_gets_its_own_drafter_history_and_plain_gets_none():
+    body = vl.request_body(RECORD, "m", 8, False, history="c4-whole")
+    assert body["vllm_xargs"] == {"ooospec_history": "c4-whole"}
+    assert "vllm_xargs" not in vl.request_body(RECORD, "m", 8, False)
