@@ -29,8 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sidecar": ("ooospec.sidecar_cli", "serve the sidecar (OpenAI-compatible completions) or predict calls offline"),
     "serve": ("ooospec.serve_cli", "OpenAI-compatible chat completions server with tools (sessions, streaming)"),
     "vllm-bench": ("ooospec.eval.vllm_bench", "vLLM plain / ngram vs ooo-spec's drafts inside vLLM (needs vLLM)"),
-    "vllm-load": ("ooospec.eval.vllm_load", "vLLM's OpenAI server under concurrent load: plain vs speculative "
-                  "methods (needs vLLM)"),
+    "vllm-load": ("ooospec.eval.vllm_load", "vLLM's OpenAI server under load: plain vs speculative (needs vLLM)"),
     "vllm-report": ("ooospec.eval.vllm_report", "one table over vllm-bench results (eval/reports/vllm)"),
     "agent-bench": ("ooospec.eval.agent_bench", "replay multi-step tool dialogues: sessions and speculative tools"),
 }
