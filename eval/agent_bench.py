@@ -26,9 +26,9 @@ from ooospec.eval.agent_replay import (
     SPECULATORS,
     Dialogue,
     load_dialogues,
-    markdown_table,
     run_bench,
     summarize,
+    write_tables,
 )
 from ooospec.pipelines.records import write_json
 from ooospec.runtime.deployments import BENCH_GATE_CHOICES, GATE_OFF, GATE_ON
@@ -135,10 +135,7 @@ def run_cli(args: argparse.Namespace) -> int:
         if sidecar is not None:
             sidecar.stop()
     results = save(rows, False)
-    table = markdown_table(results["summary"])
-    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
-    print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_tables(out, results["summary"])
     return 0
 
 

@@ -382,6 +382,14 @@ def markdown_table(summary: Sequence[dict]) -> str:
     return md_table(head, rows, align="rl" + "r" * (len(head) - 2))
 
 
+def write_tables(out: Path, summary: Sequence[dict]) -> None:
+    """The summary's markdown table, printed and written beside the results JSON ``out`` (``.md``)."""
+    table = markdown_table(summary)
+    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
 def _exact(s: dict) -> str:
     """The exact column: the share of dialogues identical to the reference, and how the others parted."""
     notes = [f"{s[k]} {k.replace('_', '-')[:-1] if s[k] == 1 else k.replace('_', '-')}"

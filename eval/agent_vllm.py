@@ -51,9 +51,9 @@ from ooospec.eval.agent_replay import (
     counting,
     make_guesser,
     mark_exact,
-    markdown_table,
     run_row,
     summarize,
+    write_tables,
 )
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
@@ -334,10 +334,7 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
                           on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k)
     classify(llm, rows, args.tie_margin)
     results = save(rows, False)
-    table = markdown_table(results["summary"])
-    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
-    print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_tables(out, results["summary"])
     return 0
 
 

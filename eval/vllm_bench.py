@@ -39,6 +39,7 @@ from pathlib import Path
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
 from ooospec.eval.vllm_report import render_table
 from ooospec.eval.vllm_runs import (
+    add_engine_arguments,
     dedicated_schedules,
     environment,
     run_method,
@@ -120,12 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=30, help="first N records by id")
     p.add_argument("--methods", default=",".join(DEFAULT_VLLM_BENCH_METHODS),
                    help=f"comma-separated, from {','.join(VLLM_BENCH_METHODS)} ({VLLM_REFERENCE} always runs, first)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-(N-1))")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the ooo-spec methods")
-    p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
-    p.add_argument("--chain-cost-slope", type=float, default=0.02)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    add_engine_arguments(p)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--tie-margin", type=float, default=0.25, help="near-tie bound on the top-2 logprob margin")
     p.add_argument("--no-classify", dest="classify", action="store_false",

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from ooospec.eval.bench_data import load_examples
-from ooospec.eval.vllm_runs import ooospec_options, speculative_config
+from ooospec.eval.vllm_runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
 from ooospec.pipelines.records import write_json
 from ooospec.reporting import fmt_cell, md_table, pct
 from ooospec.runtime.methods import REGISTRY, VLLM_BENCH_METHODS, VLLM_REFERENCE, drafting_with, get_method
@@ -368,12 +368,7 @@ def run_method(args, method: str, records: list[dict]) -> dict:
         except httpx.HTTPError as e:
             raise SystemExit(f"vllm-load: a {method} request failed ({type(e).__name__}: {e}); see {log}") from e
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     return {"load_s": load_s, "levels": levels}
 
 
@@ -461,12 +456,7 @@ def add_arguments(p) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, one level each")
     p.add_argument("--stream", choices=tuple(STREAM_CHOICES), default="both", help="stream mode(s) of each level")
     p.add_argument("--prefix-caching", choices=("on", "off"), default="on")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-(N-1))")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the ooo-spec methods")
-    p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
-    p.add_argument("--chain-cost-slope", type=float, default=0.02)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    add_engine_arguments(p)
     p.add_argument("--log-interval", type=float, default=2.0, help="seconds between the proposer's metrics lines")
     p.add_argument("--out", type=Path, required=True, help="results JSON; a .md table and server logs beside it")
     p.add_argument("--cache", default=None, help="model cache folder (registry targets)")

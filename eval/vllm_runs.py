@@ -51,6 +51,16 @@ def ooospec_options(method: str, sidecar_url: str | None, slope: float, wave: di
     return options
 
 
+def add_engine_arguments(p) -> None:
+    """The vLLM engine options every vLLM bench takes (``p``: an argparse parser)."""
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-(N-1))")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the ooo-spec methods")
+    p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
+    p.add_argument("--chain-cost-slope", type=float, default=0.02)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def sidecar_wave(args) -> dict:
     """The sidecar client's wave options of a run (``--sidecar-wave``, ``--sidecar-top-k``, ``--sidecar-gate``)."""
     return {"wave": getattr(args, "sidecar_wave", "all"), "top_k": getattr(args, "sidecar_top_k", 2),
@@ -210,6 +220,18 @@ def server_command(args, method: str, port: int) -> list[str]:
     return cmd
 
 
+def stop_server(proc, timeout_s: float = 60.0) -> None:
+    """Terminate a server process; kill it when it has not exited after ``timeout_s``."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def scrape_counters(url: str) -> dict[str, float]:
     """The spec-decode counters of a server's ``/metrics`` (Prometheus text)."""
     import urllib.request
@@ -285,11 +307,7 @@ def run_server_method(args, method: str, records: list[dict], prompts: list[list
             print(f"[vllm-bench] served {method} {record['id']}: {wall:.2f}s, {len(tokens)} tokens, "
                   f"{accepted} accepted", file=sys.stderr)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
         log.close()
     return rows
 
