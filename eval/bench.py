@@ -54,6 +54,7 @@ from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.pipelines.records import write_json
 from ooospec.runtime import deployments, hardware, methods
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
+from ooospec.runtime.sidecar_prompts import SERVED_NAME
 from ooospec.runtime.sidecar_waves import WAVE_MODES
 
 
@@ -104,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sidecar-url", default=None,
                    help="an already running sidecar server (ours or vLLM: http://127.0.0.1:8000); default: start the "
                         "shipped adapter for the run and stop it after")
-    g.add_argument("--sidecar-model", default="sidecar", help="served model name (vLLM: the --lora-modules name)")
+    g.add_argument("--sidecar-model", default=SERVED_NAME, help="served model name (vLLM: the --lora-modules name)")
     g.add_argument("--sidecar-adapter", default=None,
                    help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
     g.add_argument("--sidecar-deploy", choices=deployments.BENCH_DEPLOYMENTS, default=deployments.DEFAULT_DEPLOYMENT,

@@ -22,6 +22,7 @@ from ooospec.runtime import methods
 from ooospec.runtime.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
 from ooospec.runtime.methods import SIDECAR
 from ooospec.runtime.paths import sidecar_adapter_dir
+from ooospec.runtime.sidecar_prompts import SERVED_NAME
 from ooospec.runtime.sidecar_waves import check_wave_options
 
 
@@ -46,7 +47,7 @@ class HintOptions:
 
     source: str = SIDECAR
     sidecar_url: str | None = None
-    sidecar_model: str = "sidecar"
+    sidecar_model: str = SERVED_NAME
     sidecar_adapter: str | None = None
     sidecar_deploy: str = DEFAULT_DEPLOYMENT
     sidecar_gate: bool = False

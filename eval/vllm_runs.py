@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
+from ooospec.runtime.sidecar_prompts import SERVED_NAME
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -209,13 +210,13 @@ def server_command(args, method: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kw["model"], "--port", str(port),
            "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]), "--no-enable-prefix-caching",
            "--seed", "0", "--max-num-seqs", str(args.server_max_seqs), "--enable-lora", "--max-lora-rank", "64",
-           "--lora-modules", f"sidecar={args.serve_lora}"]
+           "--lora-modules", f"{SERVED_NAME}={args.serve_lora}"]
     if "speculative_config" in kw:
         cmd += ["--speculative-config", json.dumps(kw["speculative_config"])]
     if "additional_config" in kw:
         options = dict(kw["additional_config"]["ooospec"])
         if get_method(method).uses_sidecar:
-            options.update(sidecar_url=f"http://127.0.0.1:{port}", sidecar_model="sidecar")
+            options.update(sidecar_url=f"http://127.0.0.1:{port}", sidecar_model=SERVED_NAME)
         cmd += ["--additional-config", json.dumps({"ooospec": options})]
     return cmd
 

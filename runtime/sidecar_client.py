@@ -213,8 +213,9 @@ class SidecarClient:
             to the greedy index at least ``min_prob`` likely (``top_k`` 1: no logprobs are asked).
     """
 
-    def __init__(self, base_url: str, *, model: str = "sidecar", max_tokens: int = 48, connect_timeout: float = 2.0,
-                 timeout: float = 60.0, max_response_bytes: int = 1 << 20, with_direct_call: bool = False,
+    def __init__(self, base_url: str, *, model: str = sp.SERVED_NAME, max_tokens: int = 48,
+                 connect_timeout: float = 2.0, timeout: float = 60.0, max_response_bytes: int = 1 << 20,
+                 with_direct_call: bool = False,
                  gate: WaveGate | None = None, layout: int | None = None, fallback_layout: int | None = None,
                  wave: WaveMode = "all", top_k: int = 2, min_prob: float = 0.1):
         url = urllib.parse.urlsplit(base_url)

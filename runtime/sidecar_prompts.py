@@ -453,6 +453,7 @@ def checked_direct_call(tools: Sequence[Any], text: str) -> dict | None:
 
 # ---------------------------------------------------------------- adapter metadata
 
+SERVED_NAME = "sidecar"          # the model name a sidecar server answers to (vLLM: --lora-modules sidecar=DIR)
 METADATA_FILE = "sidecar.json"   # next to the adapter: layout version, base, data/metrics summary
 
 

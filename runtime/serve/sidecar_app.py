@@ -59,6 +59,7 @@ import anyio
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
+from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.serve.admission import TransportLimits, admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 from ooospec.runtime.session import PrefixCache
@@ -68,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
 DEFAULT_PREFIX_CACHE_TOKENS = 16384   # ~400 MB of fp32 KV for a 0.5B Qwen2.5 sidecar (24 KB per token)
-MODEL_NAME = "sidecar"          # the served model name (vLLM: --lora-modules sidecar=DIR)
+MODEL_NAME = sp.SERVED_NAME
 MAX_LOGPROBS = 5                # OpenAI's bound on a completions request's ``logprobs``
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, fields
 from ooospec.runtime.budget import AcceptanceStats, Proposal, collect_proposals
 from ooospec.runtime.drafting import DraftContext
 from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
+from ooospec.runtime.sidecar_prompts import SERVED_NAME
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, label_outcomes, record_chain
 from ooospec.runtime.vllm.step_cost import StepClock, StepCost
@@ -98,7 +99,7 @@ class ProposerConfig:
 
     method: str = TOOLSPEC
     sidecar_url: str | None = None
-    sidecar_model: str = "sidecar"
+    sidecar_model: str = SERVED_NAME
     sidecar_layout: int | None = None
     sidecar_wave: str = "all"
     sidecar_top_k: int = 2
