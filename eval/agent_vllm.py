@@ -187,7 +187,7 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
     if variant == "speculative":
         guesser = counting(make_guesser(speculator, chat, dialogue, client), sent)
     elif variant == "dedicated":
-        guesser = counting(dedicated_guesser(client, chat, excluded), sent)
+        guesser = dedicated_guesser(client, chat, excluded)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn,
                     speculate_top_k=speculate_top_k)

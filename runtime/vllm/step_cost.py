@@ -41,15 +41,24 @@ class StepCost:
                              f"{min_samples}")
         self.prior_slope, self.min_samples = prior_slope, min_samples
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self._fit: tuple[float, float] | None = None
+        self._stale = False
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One step verified ``tokens`` tokens in ``seconds``."""
         if tokens >= 1 and seconds > 0:
             self.samples.append((int(tokens), float(seconds)))
+            self._stale = True
 
     def fit(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``T(N) = a + b N`` over the kept steps (stalls -- steps over 5x the median -- left out);
-        None until there are enough of them or while every step verified the same number of tokens."""
+        None until there are enough of them or while every step verified the same number of tokens. Refit only
+        after a new step (every request's chain asks for it each step)."""
+        if self._stale:
+            self._fit, self._stale = self._fit_now(), False
+        return self._fit
+
+    def _fit_now(self) -> tuple[float, float] | None:
         if len(self.samples) < self.min_samples:
             return None
         median = statistics.median(s for _, s in self.samples)
