@@ -55,6 +55,7 @@ from ooospec.eval.agent_replay import (
     summarize,
     write_tables,
 )
+from ooospec.eval.vllm_runs import first_divergence, margin_at
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
 VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated")
@@ -198,15 +199,15 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
     return row
 
 
-def first_divergence(trace: Sequence[tuple[list[int], list[int]]],
+def first_turn_divergence(trace: Sequence[tuple[list[int], list[int]]],
                      ref: Sequence[tuple[list[int], list[int]]]) -> tuple[int, int] | None:
     """``(turn, token)`` where a replay's outputs first differ from the reference replay's (same prompts up to
     there, since every earlier turn agreed); None when they never do."""
     for turn, ((prompt, out), (ref_prompt, ref_out)) in enumerate(zip(trace, ref)):
         if prompt != ref_prompt:
             return None                      # cannot happen before a differing output; nothing to classify
-        if out != ref_out:
-            k = next((i for i, (a, b) in enumerate(zip(out, ref_out)) if a != b), min(len(out), len(ref_out)))
+        k = first_divergence(out, ref_out)
+        if k is not None:
             return turn, k
     return None
 
@@ -219,15 +220,13 @@ def classify(llm, rows: list[dict], tie_margin: float) -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from ooospec.eval.vllm_runs import margin_at
-
     reference = "stateless" if any(r["variant"] == "stateless" for r in rows) else "sessions"
     refs = {(r["id"], r["latency_s"]): r for r in rows if r["variant"] == reference}
     for row in rows:
         ref = refs.get((row["id"], row["latency_s"]))
         if row.get("exact") is not False or ref is None:
             continue
-        found = first_divergence(row["_trace"], ref["_trace"])
+        found = first_turn_divergence(row["_trace"], ref["_trace"])
         if found is None:
             continue
         turn, k = found

@@ -42,6 +42,7 @@ from ooospec.eval.vllm_runs import (
     add_engine_arguments,
     dedicated_schedules,
     environment,
+    first_divergence,
     run_method,
     run_server_method,
     sampling_params,
@@ -59,13 +60,6 @@ from ooospec.runtime.methods import (
     get_method,
 )
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def compare(rows: list[dict], reference: dict[str, dict], tie_margin: float) -> None:

@@ -17,13 +17,15 @@ Columns (one row per method, concurrency and stream mode)::
     p50 x             this method's p50 latency / plain's at the same level (< 1: faster)
     identical         share of requests whose content and tool calls (name, arguments parsed as JSON) equal
                       plain's at the same level (the ids that differ are in the JSON)
+    ties, defects     of the others: near ties (plain's top-2 margin at the first differing token <= --tie-margin)
+                      and the rest (eval/vllm_load_exact.py; one untimed plain forward per difference)
     chain batch price ooo-spec methods: the proposer's mean chain length over the level's steps, and its last
                       pricing (batch seen, price per drafted token), from its ``ooo-spec proposer metrics`` log
                       lines: where chains shrink as the batch grows
 
 Caveats. On 2 CPU cores batching has less to spread than on a GPU, and drafts compete with the batch for the cores
-(what chain pricing is for). ``identical`` is exact text, NOT tie-classified (batched numerics may flip a near tie;
-``vllm-bench`` classifies, this bench does not). With prefix caching on (default) every level after the first finds
+(what chain pricing is for). Batched numerics may flip a near tie, for plain decoding across levels as for a
+drafter: ``ties`` and ``defects`` say which. With prefix caching on (default) every level after the first finds
 the prompts cached, for every method alike; ooo-spec's drafters start each level with a fresh history
 (``ooospec_history`` per level), so retrieval never drafts a request from its own output at an earlier level. The
 proposer logs at a step once ``--log-interval`` has passed: after each level the bench waits that long and sends an
@@ -46,6 +48,7 @@ import time
 from pathlib import Path
 
 from ooospec.eval.bench_data import load_examples
+from ooospec.eval.vllm_load_exact import classify_levels, compare_rows
 from ooospec.eval.vllm_runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
 from ooospec.pipelines.records import write_json
 from ooospec.reporting import fmt_cell, md_table, pct
@@ -128,7 +131,7 @@ def request_body(record: dict, model: str, max_new_tokens: int, stream: bool, hi
     the ooo-spec proposer's drafter history for it (``ooospec_history``), so that a level never retrieves the
     calls an earlier level of the same requests produced."""
     body = {"model": model, "messages": openai_messages(record["messages"]), "tools": record["tools"],
-            "temperature": 0.0, "max_tokens": max_new_tokens, "stream": stream}
+            "temperature": 0.0, "max_tokens": max_new_tokens, "stream": stream, "return_token_ids": True}
     if history is not None:
         body["vllm_xargs"] = {"ooospec_history": history}
     if stream:
@@ -144,17 +147,20 @@ def parse_response(data: dict, latency: float) -> dict:
              for tc in msg.get("tool_calls") or []]
     return {"latency_s": latency, "ttft_s": latency, "completion_tokens": (data.get("usage") or {})
             .get("completion_tokens"), "content": msg.get("content") or "", "tool_calls": calls,
-            "finish_reason": choice.get("finish_reason")}
+            "finish_reason": choice.get("finish_reason"), "prompt_token_ids": data.get("prompt_token_ids"),
+            "token_ids": choice.get("token_ids")}
 
 
 class StreamAccumulator:
     """A streamed chat completion put back together: content deltas joined, tool-call deltas merged by ``index``
     (OpenAI's rule: the first delta of a call brings its id and name, later ones append to ``arguments``), the
-    first content or tool-call delta's time (TTFT), the finish reason and the final chunk's ``usage``."""
+    first content or tool-call delta's time (TTFT), the finish reason, the final chunk's ``usage`` and the token
+    ids (vLLM's ``return_token_ids``: the prompt's in the first chunk, each chunk's delta tokens)."""
 
     def __init__(self, t0: float):
         self.t0, self.first, self.content, self.finish_reason, self.usage = t0, None, [], None, None
         self.calls: dict[int, dict] = {}
+        self.prompt_token_ids, self.token_ids = None, []
 
     def feed_line(self, line: str, now: float) -> None:
         """One line of the server-sent events (``data: {...}``; others, ``[DONE]`` and blank lines ignored)."""
@@ -164,7 +170,9 @@ class StreamAccumulator:
 
     def feed(self, chunk: dict, now: float) -> None:
         self.usage = chunk.get("usage") or self.usage
+        self.prompt_token_ids = self.prompt_token_ids or chunk.get("prompt_token_ids")
         for choice in chunk.get("choices") or []:
+            self.token_ids += choice.get("token_ids") or []
             delta = choice.get("delta") or {}
             if (delta.get("content") or delta.get("tool_calls")) and self.first is None:
                 self.first = now
@@ -180,7 +188,8 @@ class StreamAccumulator:
         latency = now - self.t0
         return {"latency_s": latency, "ttft_s": latency if self.first is None else self.first - self.t0,
                 "completion_tokens": (self.usage or {}).get("completion_tokens"), "content": "".join(self.content),
-                "tool_calls": [self.calls[i] for i in sorted(self.calls)], "finish_reason": self.finish_reason}
+                "tool_calls": [self.calls[i] for i in sorted(self.calls)], "finish_reason": self.finish_reason,
+                "prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids}
 
 
 async def send_chat(client, url: str, body: dict) -> dict:
@@ -227,26 +236,6 @@ def summarize(rows: list[dict], wall: float) -> dict:
     return {"n": len(rows), "wall_s": wall, "requests_per_s": len(rows) / wall, "output_tokens": tokens,
             "output_tokens_per_s": tokens / wall, "p50_s": percentile(lat, 0.5), "p90_s": percentile(lat, 0.9),
             "ttft_p50_s": statistics.median(r["ttft_s"] for r in rows)}
-
-
-def canonical(row: dict) -> tuple:
-    """What ``identical`` compares: the content and each tool call's name and arguments (parsed as JSON when they
-    parse, so key spacing does not count; the raw text otherwise)."""
-    calls = []
-    for tc in row.get("tool_calls") or []:
-        try:
-            args = json.loads(tc["arguments"]) if tc["arguments"] else None
-        except ValueError:
-            args = tc["arguments"]
-        calls.append((tc["name"], json.dumps(args, sort_keys=True)))
-    return row.get("content") or "", tuple(calls)
-
-
-def compare_rows(rows: list[dict], reference: list[dict]) -> dict:
-    """``identical`` (share of ``rows`` equal to the reference row of the same id) and the ids that differ."""
-    ref = {r["id"]: canonical(r) for r in reference}
-    differ = [r["id"] for r in rows if canonical(r) != ref.get(r["id"])]
-    return {"identical": 1 - len(differ) / len(rows), "differ": differ}
 
 
 def parse_metrics(text: str) -> list[dict]:
@@ -414,7 +403,7 @@ def level_table(runs: dict[str, dict]) -> list[dict]:
 
 def render_table(results: dict) -> str:
     headers = ["method", "c", "stream", "req/s", "out tok/s", "p50 s", "p90 s", "TTFT p50 s", "thru x", "p50 x",
-               "identical", "chain", "batch", "price"]
+               "identical", "ties", "defects", "chain", "batch", "price"]
     numbers = (("requests_per_s", "{:.2f}"), ("output_tokens_per_s", "{:.1f}"), ("p50_s", "{:.2f}"),
                ("p90_s", "{:.2f}"), ("ttft_p50_s", "{:.2f}"), ("throughput_x", "{:.2f}x"), ("p50_x", "{:.2f}x"))
     rows = []
@@ -422,6 +411,7 @@ def render_table(results: dict) -> str:
         prop = lv.get("proposer") or {}
         rows.append([lv["method"], lv["concurrency"], "on" if lv["stream"] else "off",
                      *(fmt_cell(lv[k], spec) for k, spec in numbers), pct(lv["identical"], "-"),
+                     lv["near_ties"], lv["defects"],
                      fmt_cell(prop.get("mean_chain"), "{:.2f}"), fmt_cell(prop.get("pricing", {}).get("batch"), "{}"),
                      fmt_cell(prop.get("pricing", {}).get("price"), "{:.4f}")])
     env = results["env"]
@@ -458,6 +448,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix-caching", choices=("on", "off"), default="on")
     add_engine_arguments(p)
     p.add_argument("--log-interval", type=float, default=2.0, help="seconds between the proposer's metrics lines")
+    p.add_argument("--tie-margin", type=float, default=0.25, help="near-tie bound on plain's top-2 logprob margin")
+    p.add_argument("--no-classify", dest="classify", action="store_false",
+                   help="skip the untimed plain forwards that classify differing answers")
     p.add_argument("--out", type=Path, required=True, help="results JSON; a .md table and server logs beside it")
     p.add_argument("--cache", default=None, help="model cache folder (registry targets)")
 
@@ -474,6 +467,8 @@ def run_cli(args) -> int:
     vllm_cpu_env(args.threads, KVCACHE_GB, multiprocessing=True)
     saved = Path(str(args.out) + ".rows")
     runs = measure(args, records, saved)
+    if args.classify:
+        classify_levels(args, runs, MAX_MODEL_LEN)
     results = build_results(args, records, runs)
     write_json(args.out, results)
     args.out.with_suffix(".md").write_text(render_table(results) + "\n")

@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
@@ -120,6 +121,15 @@ def counters(llm) -> dict[str, float]:
         if metric.name in out:
             out[metric.name] += float(getattr(metric, "value", 0.0) or 0.0)
     return out
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where token lists ``a`` and ``b`` differ (the shorter one's length when one is a prefix
+    of the other); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def margin_at(logprobs, position: int) -> float | None:

@@ -189,9 +189,9 @@ def test_without_stateless_turns_exactness_is_against_sessions():
 
 def test_first_divergence_finds_the_turn_and_token():
     ref = [([1, 2], [5, 6, 7]), ([1, 2, 5, 6, 7, 9], [8, 8])]
-    assert agent_vllm.first_divergence(ref, ref) is None
-    assert agent_vllm.first_divergence([ref[0], ([1, 2, 5, 6, 7, 9], [8, 3])], ref) == (1, 1)
-    assert agent_vllm.first_divergence([([1, 2], [5, 6])], ref) == (0, 2)       # one ended early
+    assert agent_vllm.first_turn_divergence(ref, ref) is None
+    assert agent_vllm.first_turn_divergence([ref[0], ([1, 2, 5, 6, 7, 9], [8, 3])], ref) == (1, 1)
+    assert agent_vllm.first_turn_divergence([([1, 2], [5, 6])], ref) == (0, 2)       # one ended early
 
 
 def test_classify_names_a_near_tie_and_a_defect_by_the_reference_margin(fake_vllm):

@@ -92,6 +92,7 @@ def test_request_bodies_are_openai_chat_completions():
     body = vl.request_body(RECORD, "/models/m", 64, stream=False)
     assert (body["model"], body["temperature"], body["max_tokens"], body["stream"]) == ("/models/m", 0.0, 64, False)
     assert body["tools"] == RECORD["tools"] and "stream_options" not in body
+    assert body["return_token_ids"] is True          # every method alike: what classifies a difference
     call = body["messages"][1]["tool_calls"][0]
     assert call["type"] == "function" and call["function"] == {"name": "f", "arguments": '{"a": 1}'}
     assert body["messages"][2]["tool_call_id"] == call["id"]
@@ -142,10 +143,24 @@ def test_content_streams_and_a_silent_stream_has_ttft_latency():
 def test_a_whole_answer_is_a_row():
     data = {"choices": [{"message": {"content": None, "tool_calls": [
         {"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        "finish_reason": "tool_calls"}], "usage": {"completion_tokens": 5}}
+        "finish_reason": "tool_calls", "token_ids": [7, 8]}], "usage": {"completion_tokens": 5},
+        "prompt_token_ids": [1, 2]}
     row = vl.parse_response(data, 1.5)
     assert row == {"latency_s": 1.5, "ttft_s": 1.5, "completion_tokens": 5, "content": "",
-                   "tool_calls": [{"name": "f", "arguments": "{}"}], "finish_reason": "tool_calls"}
+                   "tool_calls": [{"name": "f", "arguments": "{}"}], "finish_reason": "tool_calls",
+                   "prompt_token_ids": [1, 2], "token_ids": [7, 8]}
+
+
+def test_a_stream_keeps_its_token_ids():
+    acc = vl.StreamAccumulator(0.0)
+    chunks = ({"prompt_token_ids": [1, 2], "choices": [{"delta": {"role": "assistant"}, "token_ids": []}]},
+              {"choices": [{"delta": {"content": "a"}, "token_ids": [5, 6]}]},
+              {"choices": [{"delta": {}, "token_ids": [7]}]},           # a token the parser held back
+              {"choices": [{"delta": {"content": "b"}, "token_ids": [8], "finish_reason": "stop"}]})
+    for i, line in enumerate(sse(*chunks)):
+        acc.feed_line(line, float(i))
+    row = acc.result(9.0)
+    assert (row["prompt_token_ids"], row["token_ids"], row["content"]) == ([1, 2], [5, 6, 7, 8], "ab")
 
 
 def test_send_chat_against_a_mock_transport():
@@ -199,17 +214,6 @@ def test_summary_of_a_level():
     assert (s["p50_s"], s["ttft_p50_s"]) == (2.5, 1.25) and s["p90_s"] == pytest.approx(3.7)
 
 
-def test_identical_ignores_json_spacing_and_key_order_not_values():
-    ref = [{"id": "a", "content": "", "tool_calls": [{"name": "f", "arguments": '{"x": 1, "y": 2}'}]},
-           {"id": "b", "content": "hello", "tool_calls": []}, {"id": "c", "content": None, "tool_calls": []}]
-    got = [{"id": "a", "content": "", "tool_calls": [{"name": "f", "arguments": '{"y":2,"x":1}'}]},
-           {"id": "b", "content": "hello!", "tool_calls": []}, {"id": "c", "content": "", "tool_calls": []}]
-    assert vl.compare_rows(got, ref) == {"identical": pytest.approx(2 / 3), "differ": ["b"]}
-    broken = [{"id": "a", "content": "", "tool_calls": [{"name": "f", "arguments": '{"x": 1'}]}]
-    assert vl.compare_rows(broken, ref[:1])["differ"] == ["a"]
-    assert vl.canonical(broken[0]) == vl.canonical(broken[0])      # unparsable arguments compare as text
-
-
 def metrics_line(steps: int, mean_chain: float, batch: int, price: float) -> str:
     m = {"totals": {"steps": 1}, "window": {"steps": steps, "mean_chain": mean_chain, "mean_accepted": 1.0,
                                             "chain_lengths": {}},
@@ -257,10 +261,10 @@ def test_levels_compare_with_plain_at_the_same_level_and_render():
     assert lines[0].startswith("### vllm-load: m on apibank-l1 (2 requests, 2 threads, bfloat16, prefix caching on)")
     row = next(ln for ln in lines if ln.startswith("| toolspec | 4 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2:] == ["off", "0.50", "2.0", "3.00", "3.00", "1.50", "0.50x", "1.50x", "50.0%", "6.00", "4",
-                         "0.0300"]
+    assert cells[2:] == ["off", "0.50", "2.0", "3.00", "3.00", "1.50", "0.50x", "1.50x", "50.0%", "0", "0",
+                         "6.00", "4", "0.0300"]
     plain = next(ln for ln in lines if ln.startswith("| vllm | 1 |"))
-    assert plain.rstrip().endswith("| 100.0% | - | - | - |")
+    assert plain.rstrip().endswith("| 100.0% | 0 | 0 | - | - | - |")
 
 
 def test_a_rerun_keeps_finished_methods(tmp_path, monkeypatch):
