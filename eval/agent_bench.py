@@ -31,8 +31,8 @@ from ooospec.eval.agent_replay import (
     write_tables,
 )
 from ooospec.pipelines.records import write_json
-from ooospec.runtime.deployments import BENCH_GATE_CHOICES, GATE_OFF, GATE_ON
 from ooospec.runtime.methods import GOLD, SERVED, SIDECAR, TOOLSPEC
+from ooospec.runtime.sidecar.deployments import BENCH_GATE_CHOICES, GATE_OFF, GATE_ON
 
 DEFAULT_DATASETS = "apibank-l3,toolalpaca-real,toolalpaca-sim"
 
@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sidecar-adapter", default=None, help="adapter to start when no --sidecar-url is given")
     p.add_argument("--sidecar-gate", choices=BENCH_GATE_CHOICES, default=GATE_OFF,
                    help=f"{GATE_ON}: each turn's wave only when its hints and the tool latency it hides pay for it "
-                        f"(runtime/wave_gate.py, learnt online from the prior of the deployment a sidecar this bench "
-                        f"starts runs in, {DEPLOYMENT.name}); {GATE_OFF}: every wave")
+                        f"(runtime/sidecar/gate.py, learnt online from the prior of the deployment a sidecar this "
+                        f"bench starts runs in, {DEPLOYMENT.name}); {GATE_OFF}: every wave")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--speculate-top-k", type=int, default=1,
                    help="candidate calls of each guess run speculatively: the guessed call, then its wave's next "
@@ -95,8 +95,8 @@ def run_cli(args: argparse.Namespace) -> int:
         return agent_vllm.run(args, _dialogues(args), _latencies(args.latencies))
     import torch
 
-    from ooospec.runtime import hardware
-    from ooospec.runtime.models import load_target
+    from ooospec.runtime.backends import hardware
+    from ooospec.runtime.backends.models import load_target
 
     latencies = _latencies(args.latencies)
     if args.max_new_tokens < 1:
@@ -159,15 +159,15 @@ def _dialogues(args: argparse.Namespace) -> list[Dialogue]:
 
 def _sidecar(args: argparse.Namespace, threads: int):
     """``--speculator sidecar``: ``(the server started for the run, or None for --sidecar-url; its client)``."""
-    from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.sidecar_process import launch_sidecar
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.process import launch_sidecar
 
     sidecar = None
     if args.sidecar_url is None:   # DEPLOYMENT, as `ooospec bench`'s: every core, the bench's threads
         sidecar = launch_sidecar(args.sidecar_adapter, threads=threads, dtype=args.dtype)   # as the target
     client = SidecarClient(args.sidecar_url or sidecar.url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
     if args.sidecar_gate == GATE_ON:
-        from ooospec.runtime.wave_gate import WaveGate
+        from ooospec.runtime.sidecar.gate import WaveGate
 
         client.gate = WaveGate(DEPLOYMENT.prior)   # the server shares the target's cores
     return sidecar, client
@@ -181,7 +181,7 @@ def _environment(args: argparse.Namespace, threads: tuple[int, str], dtype: tupl
     env = environment(threads, dtype, args.dtype, model, None)
     if args.speculator == SIDECAR:     # which adapter guessed the calls: path, sha256 of its weights, layout
         from ooospec.eval.hint_sources import HintOptions, sidecar_adapter_record
-        from ooospec.runtime.sidecar_process import health
+        from ooospec.runtime.sidecar.process import health
 
         env["sidecar_adapter"] = sidecar_adapter_record(HintOptions(sidecar_url=args.sidecar_url,
                                                                     sidecar_adapter=args.sidecar_adapter))

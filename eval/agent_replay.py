@@ -1,5 +1,5 @@
 """The agent bench's library: recorded multi-step dialogues, their replay through the agent loop
-(:func:`ooospec.runtime.agent.run_agent`) and the summary; ``ooospec agent-bench``
+(:func:`ooospec.runtime.agent.loop.run_agent`) and the summary; ``ooospec agent-bench``
 (:mod:`ooospec.eval.agent_bench`) is its command line, :mod:`ooospec.eval.agent_vllm` its vLLM target.
 
 Dialogues (:func:`load_dialogues`; ``--limit N`` = the first N dialogues by id of each dataset that have at least
@@ -13,7 +13,7 @@ Dialogues (:func:`load_dialogues`; ``--limit N`` = the first N dialogues by id o
   the first step whose arguments could not be recovered). ToolAlpaca records no tool responses: every call gets
   :data:`STUB_RESPONSE`.
 
-Replay (:func:`replay`, the agent loop of :mod:`ooospec.runtime.agent`): from the dialogue's first messages the
+Replay (:func:`replay`, the agent loop of :mod:`ooospec.runtime.agent.loop`): from the dialogue's first messages the
 target decodes a turn; when it calls a tool, the tool answers -- after the simulated latency (a sleep: no CPU) --
 with the recorded response of the current step, whatever the arguments (a call whose arguments do not validate
 against the tool's schema gets the error result at once); the target's own call and that response join the
@@ -23,11 +23,11 @@ is the final answer). Every variant sees the same conversation, so their tokens 
 Variants, each with its own state (drafter history, sessions), run one after the other per dialogue:
 
 ================  =======================================================================================
-``stateless``     every turn prefills the whole conversation; the tool runs after the call (today)
-``sessions``      KV sessions + the prefix cache (:mod:`ooospec.runtime.session`); the tool runs after the call
+``stateless``     every turn prefills the whole conversation; the tool runs after the call (no sessions)
+``sessions``      KV sessions + the prefix cache (:mod:`ooospec.runtime.agent.session`); the tool runs after the call
 ``speculative``   sessions + speculative tool execution: at each turn's arrival the speculator guesses the call;
                   the tool starts as soon as the guess is ready and a key hit serves its result
-                  (:class:`~ooospec.runtime.tools.SpeculativeTools`; every replayed tool is side-effect free)
+                  (:class:`~ooospec.runtime.agent.tools.SpeculativeTools`; every replayed tool is side-effect free)
 ================  =======================================================================================
 
 Speculators: ``gold`` -- the step's recorded call, ready at arrival (the ceiling of what a sidecar can give;
@@ -52,8 +52,8 @@ from tqdm import tqdm
 
 from ooospec.pipelines.records import load_records
 from ooospec.reporting import md_table, pct
-from ooospec.runtime.deployments import SHARED
 from ooospec.runtime.methods import GOLD, SIDECAR, TOOLSPEC
+from ooospec.runtime.sidecar.deployments import SHARED
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class ReplayTools:
     """Every tool of a dialogue, answering with the current step's recorded response after ``latency_s``."""
 
     def __init__(self, dialogue: Dialogue, latency_s: float):
-        from ooospec.runtime.tools import ToolRegistry
+        from ooospec.runtime.agent.tools import ToolRegistry
 
         self.dialogue, self.latency_s = dialogue, latency_s
         self.turn = 0
@@ -170,8 +170,8 @@ class ReplayTools:
 
 
 class HintsOnly:
-    """A guess (:class:`~ooospec.runtime.hints.CallGuess`) used as decoding hints only (the variants without tool
-    speculation, under a method that takes hints): it never hands its call to the tools."""
+    """A guess (:class:`~ooospec.runtime.drafters.hints.CallGuess`) used as decoding hints only (the variants without
+    tool speculation, under a method that takes hints): it never hands its call to the tools."""
 
     def __init__(self, guess):
         self.guess = guess
@@ -199,7 +199,7 @@ class HintsOnly:
 def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
     """``(messages, tools, turn) -> CallGuess``: the step's gold call (a bank ready at arrival), or the sidecar's
     wave for this turn."""
-    from ooospec.runtime.hints import HintBank
+    from ooospec.runtime.drafters.hints import HintBank
 
     def guess(messages: list[dict], tools: list, turn: int):
         if speculator == GOLD:
@@ -212,7 +212,7 @@ def make_guesser(speculator: str, chat, dialogue: Dialogue, client=None):
 
 def counting(guesser, sent: list[int]):
     """``guesser`` counting in ``sent[0]`` the sidecar waves its guesses sent."""
-    from ooospec.runtime.sidecar_client import HintRequest
+    from ooospec.runtime.sidecar.client import HintRequest
 
     def guess(messages: list[dict], tools: list, turn: int):
         g = guesser(messages, tools, turn)
@@ -227,8 +227,8 @@ def counting(guesser, sent: list[int]):
 def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str, max_new_tokens: int,
            client=None, speculate_top_k: int = 1) -> dict:
     """One dialogue under one variant: ``{"wall_s", "turns": [...], "texts", ...}`` (see the module docstring)."""
-    from ooospec.runtime.agent import run_agent
-    from ooospec.runtime.tools import SpeculativeTools
+    from ooospec.runtime.agent.loop import run_agent
+    from ooospec.runtime.agent.tools import SpeculativeTools
 
     tools = ReplayTools(dialogue, latency_s)
     executor = SpeculativeTools(tools.registry)
@@ -277,9 +277,9 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
               variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None,
               speculate_top_k: int = 1) -> list[dict]:
     """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
-    from ooospec.runtime.chat import ChatModel
-    from ooospec.runtime.session import PrefixCache, SessionStore
-    from ooospec.runtime.sidecar_process import wait_idle
+    from ooospec.runtime.agent.chat import ChatModel
+    from ooospec.runtime.agent.session import PrefixCache, SessionStore
+    from ooospec.runtime.sidecar.process import wait_idle
 
     def new_chat(variant: str) -> ChatModel:
         sessions = None if variant == "stateless" else SessionStore(model, prefix_cache=PrefixCache())

@@ -8,7 +8,7 @@ Run in the vLLM environment (README "vLLM"), with a sidecar server running (``oo
         --out eval/reports/agent_vllm/qwen2.5-coder-1.5b.json
 
 The dialogues and their replay are :mod:`ooospec.eval.agent_bench`'s (the same loop,
-:func:`ooospec.runtime.agent.run_agent`); here the target is one in-process vLLM engine running ooo-spec's
+:func:`ooospec.runtime.agent.loop.run_agent`); here the target is one in-process vLLM engine running ooo-spec's
 ``custom_class`` proposer (``toolspec``'s drafters: schema FSM, retrieval, prompt lookup; a request with an
 ``ooospec_hint_schedule`` adds the hints), greedy, batch 1, prefix caching on. Each (latency, variant) keeps its
 own drafter history in the proposer (``ooospec_history``), so no variant learns from another's calls.
@@ -33,7 +33,7 @@ block -- cached, untimed; the sidecar likewise starts each dialogue with only th
 
 With ``--speculator gold`` the guessed call is the step's recorded call, ready at arrival (the ceiling; no wave,
 so no ``dedicated`` variant). Every replayed tool is side-effect free (:class:`~ooospec.eval.agent_bench.ReplayTools`);
-a side-effecting tool is never run speculatively (:class:`~ooospec.runtime.tools.SpeculativeTools`).
+a side-effecting tool is never run speculatively (:class:`~ooospec.runtime.agent.tools.SpeculativeTools`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 
 class VllmChat:
     """The target in an in-process vLLM engine behind the agent loop's chat interface
-    (:meth:`~ooospec.runtime.chat.ChatModel.complete`'s arguments and :class:`~ooospec.runtime.chat.ChatTurn`).
+    (:meth:`~ooospec.runtime.agent.chat.ChatModel.complete`'s arguments and
+    :class:`~ooospec.runtime.agent.chat.ChatTurn`).
 
     Args:
         llm: a ``vllm.LLM`` running :data:`PROPOSER` with prefix caching on.
@@ -91,7 +92,7 @@ class VllmChat:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ooospec.runtime.chat import normalize_messages, system_tools_block
+        from ooospec.runtime.agent.chat import normalize_messages, system_tools_block
         from ooospec.runtime.formats import common
 
         self.llm.reset_prefix_cache()
@@ -104,7 +105,7 @@ class VllmChat:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ooospec.runtime.chat import ChatTurn, normalize_messages
+        from ooospec.runtime.agent.chat import ChatTurn, normalize_messages
         from ooospec.runtime.engine import GenerationResult
         from ooospec.runtime.formats import common
 
@@ -151,7 +152,7 @@ def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
     """``(messages, tools, turn) -> ReleasedGuess``: the turn's wave run ALONE now (nothing else runs), its banks
     replayed from the turn's start; the time spent is added to ``excluded[0]`` (not part of the dialogue)."""
     from ooospec.eval.ooospec_method import ReleasedGuess
-    from ooospec.runtime.sidecar_process import wait_idle
+    from ooospec.runtime.sidecar.process import wait_idle
 
     def guess(messages: list[dict], tools: list, turn: int):
         t0 = time.perf_counter()
@@ -169,10 +170,10 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
                 max_new_tokens: int, client=None, speculate_top_k: int = 1) -> dict:
     """One dialogue under one variant (see the module docstring): a row of
     :func:`~ooospec.eval.agent_bench.run_row`."""
-    from ooospec.runtime.agent import run_agent
-    from ooospec.runtime.sidecar_process import reset_prefix_cache, wait_idle
-    from ooospec.runtime.sidecar_prompts import toolbox_messages
-    from ooospec.runtime.tools import SpeculativeTools
+    from ooospec.runtime.agent.loop import run_agent
+    from ooospec.runtime.agent.tools import SpeculativeTools
+    from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
+    from ooospec.runtime.sidecar.prompts import toolbox_messages
 
     tools = ReplayTools(dialogue, latency_s)
     executor = SpeculativeTools(tools.registry)
@@ -293,9 +294,9 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
     from ooospec.eval.vllm_runs import environment as vllm_environment
     from ooospec.eval.vllm_runs import sampling_params
     from ooospec.pipelines.records import write_json
-    from ooospec.runtime.fetch import REGISTRY, fetch
+    from ooospec.runtime.backends.fetch import REGISTRY, fetch
+    from ooospec.runtime.backends.hardware import vllm_cpu_env
     from ooospec.runtime.formats import detect_format
-    from ooospec.runtime.hardware import vllm_cpu_env
 
     variants = variants_of(args.variants, args.speculator)
     if args.speculator == SIDECAR and not args.sidecar_url:
@@ -338,7 +339,7 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
 
 
 def _client(args):
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
 
     return SidecarClient(args.sidecar_url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
 
@@ -347,7 +348,7 @@ def _served(args) -> dict | None:
     """How the sidecar server runs (its ``/health``: engine, dtype, threads, cpus, calibration) and which adapter."""
     if not args.sidecar_url:
         return None
-    from ooospec.runtime.sidecar_process import health
+    from ooospec.runtime.sidecar.process import health
 
     served = health(args.sidecar_url) or {}
     return {k: served.get(k) for k in ("engine", "dtype", "threads", "cpus", "layout_version", "calibration")}
@@ -368,6 +369,6 @@ def add_arguments(p) -> None:
     g.add_argument("--max-model-len", type=int, default=4096)
     g.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",
                    help="the sidecar client's wave: every tool's arguments at once, or the function index first "
-                        "(runtime/sidecar_waves.py)")
+                        "(runtime/sidecar/protocol.py)")
     g.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
 

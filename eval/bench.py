@@ -11,12 +11,12 @@ sources in the modules it names), and prints and writes the results (tables and 
 :mod:`ooospec.eval.bench_report`).
 
 ``--dtype auto`` (default) takes bf16 only where the CPU multiplies it natively and a probe finds it faster, fp32
-otherwise (:func:`ooospec.runtime.hardware.resolve_dtype`); ``--threads auto`` (default) the cores this process may
-use. Both choices and their reasons go into ``env`` of the results JSON.
+otherwise (:func:`ooospec.runtime.backends.hardware.resolve_dtype`); ``--threads auto`` (default) the cores this process
+may use. Both choices and their reasons go into ``env`` of the results JSON.
 
 The roofline. ``env.roofline`` holds the CPU, its ISA flags that matter, and this machine's measured roofs for the
-run's dtype and threads (:func:`ooospec.runtime.hardware.roofline`, cached): peak matmul FLOP/s and memory bytes/s;
-each method's summary gives the target's achieved rates as fractions of them.
+run's dtype and threads (:func:`ooospec.runtime.backends.hardware.roofline`, cached): peak matmul FLOP/s and memory
+bytes/s; each method's summary gives the target's achieved rates as fractions of them.
 
 Hints. Method ``ooospec`` takes its hints from ``--hints``: ``sidecar`` (default; ``env.sidecar_adapter`` records
 the adapter that made them: its path, the sha256 of its ``adapter_model.safetensors`` and its ``sidecar.json``
@@ -27,7 +27,7 @@ their own, so one run can compare them with the sidecar::
     ooospec bench --target qwen2.5-coder-0.5b --dataset apibank-l1 --methods ar,ooospec,ooospec-gold,ooospec-oracle
 
 ``--sidecar-wave function-first`` (``--sidecar-top-k``, ``--sidecar-min-prob``) has the sidecar client ask the
-index query first and then only the candidate tools' argument queries (:mod:`ooospec.runtime.sidecar_waves`); each
+index query first and then only the candidate tools' argument queries (:mod:`ooospec.runtime.sidecar.protocol`); each
 row's ``hints`` then carries ``index_s`` (stage 1), ``early_s`` (the early bank, from arrival) and ``functions``.
 
 ``--out`` is rewritten after every example with ``"partial": true`` (the rows so far and their summary), and a
@@ -52,10 +52,12 @@ from ooospec.eval.harness import run_bench
 from ooospec.eval.hint_sources import HintOptions, sidecar_adapter_record, start_hints
 from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.pipelines.records import write_json
-from ooospec.runtime import deployments, hardware, methods
+from ooospec.runtime import methods
+from ooospec.runtime.backends import BACKEND_CHOICES, hardware
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
-from ooospec.runtime.sidecar_prompts import SERVED_NAME
-from ooospec.runtime.sidecar_waves import WAVE_MODES
+from ooospec.runtime.sidecar import deployments
+from ooospec.runtime.sidecar.prompts import SERVED_NAME
+from ooospec.runtime.sidecar.protocol import WAVE_MODES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu",
                    help="the HF backend's device: cpu (default) or cuda[:N] (the engine syncs on every step's argmax, "
                         "so wall times include the GPU's work)")
-    p.add_argument("--backend", choices=("auto", "hf", "llama.cpp"), default="auto",
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                    help="the target's backend: 'auto' = llama.cpp (the GGUF's quantized weights) for a registry "
                         "name or .gguf on the CPU when llama-cpp-python is installed and --dtype is auto, else hf")
     p.add_argument("--dtype", choices=hardware.DTYPE_CHOICES, default="auto",
@@ -109,16 +111,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sidecar-adapter", default=None,
                    help="adapter folder to serve (default: $OOOSPEC_SIDECAR_ADAPTER, else the shipped one)")
     g.add_argument("--sidecar-deploy", choices=deployments.BENCH_DEPLOYMENTS, default=deployments.DEFAULT_DEPLOYMENT,
-                   help="where the sidecar runs next to the target (runtime/deployments.py): " + "; ".join(
+                   help="where the sidecar runs next to the target (runtime/sidecar/deployments.py): " + "; ".join(
                        f"{n}: {deployments.DEPLOYMENTS[n].summary}" for n in deployments.BENCH_DEPLOYMENTS))
     g.add_argument("--sidecar-gate", choices=deployments.BENCH_GATE_CHOICES, default=deployments.GATE_OFF,
                    help=f"{deployments.GATE_ON}: send each request's wave only when its expected saving beats its "
-                        f"cost, cut to the queries that pay (runtime/wave_gate.py), starting from the prior of the "
+                        f"cost, cut to the queries that pay (runtime/sidecar/gate.py), starting from the prior of the "
                         f"--sidecar-deploy deployment (the bench places the sidecar, so the deployment is known); "
                         f"{deployments.GATE_OFF}: always the full wave")
     g.add_argument("--sidecar-wave", choices=WAVE_MODES, default="all",
                    help="all: one wave of every query; function-first: the index query, then only the candidate "
-                        "tools' argument queries (runtime/sidecar_waves.py)")
+                        "tools' argument queries (runtime/sidecar/protocol.py)")
     g.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: candidate tools at most")
     g.add_argument("--sidecar-min-prob", type=float, default=0.1,
                    help="function-first: probability a candidate besides the greedy one needs")
@@ -142,8 +144,8 @@ def hint_options(args: argparse.Namespace) -> HintOptions:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from ooospec.runtime.backends.models import gguf_path_of, load_llamacpp_target, load_target, resolve_backend
     from ooospec.runtime.formats import detect_format
-    from ooospec.runtime.models import gguf_path_of, load_llamacpp_target, load_target, resolve_backend
 
     if args.max_new_tokens < 1:
         raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")

@@ -61,8 +61,8 @@ def prompt_ids_of(record: dict, tokenizer, fmt) -> list[int]:
 def toolbox_blocks(records: Sequence[dict], prompts: Sequence[list[int]], tokenizer, fmt) -> list[int]:
     """Per request, how many leading prompt tokens are its system + tools block: what ``--warm-tools`` caches before
     the request's clock starts (``ooospec bench`` and ``ooospec vllm-bench`` alike)."""
-    from ooospec.runtime.chat import system_tools_block
-    from ooospec.runtime.kv_cache import common_prefix_len
+    from ooospec.runtime.agent.chat import system_tools_block
+    from ooospec.runtime.backends.kv_cache import common_prefix_len
 
     return [common_prefix_len(system_tools_block(fmt, tokenizer, r["messages"], r["tools"]), p)
             for r, p in zip(records, prompts)]

@@ -23,16 +23,17 @@ from ooospec.eval import peers
 from ooospec.eval.llamacpp_peers import PEERS as LLAMACPP_PEERS
 from ooospec.eval.llamacpp_peers import peer_factory as llamacpp_peer_factory
 from ooospec.eval.method_api import BenchContext, BenchMethod, MethodFactory, MethodResult
-from ooospec.runtime import hardware, methods
+from ooospec.runtime import decoding, methods
+from ooospec.runtime.backends import hardware
+from ooospec.runtime.backends.target import as_target
 from ooospec.runtime.methods import BASELINE, REFERENCES
-from ooospec.runtime.target import as_target
 
 HF_PEERS = methods.peers_of("hf")
 
 
 def eos_ids(model, tokenizer) -> list[int]:
     """Sorted union of the tokenizer's EOS and the model's ``generation_config.eos_token_id`` (int or list)."""
-    from ooospec.runtime.models import eos_token_ids
+    from ooospec.runtime.backends.models import eos_token_ids
 
     return eos_token_ids(model, tokenizer)
 
@@ -75,7 +76,7 @@ def method_hints(method: methods.Method, hints):
     """The hint source of an engine method: the run's sidecar (in the method's own deployment when it fixes one:
     ``ooospec-dedicated``), or its time-zero ceiling."""
     from ooospec.eval.ooospec_method import TIME_ZERO_HINTS, SidecarHints
-    from ooospec.runtime.deployments import get_deployment
+    from ooospec.runtime.sidecar.deployments import get_deployment
 
     if not method.uses_sidecar:
         return TIME_ZERO_HINTS[method.hints]()
@@ -87,14 +88,14 @@ def method_hints(method: methods.Method, hints):
 
 
 def decoder_method(decoder, hints=None) -> BenchMethod:
-    """Adapt a :class:`~ooospec.runtime.methods.RequestDecoder` to the method API (with a ``warm`` hook).
+    """Adapt a :class:`~ooospec.runtime.decoding.RequestDecoder` to the method API (with a ``warm`` hook).
 
     With ``hints`` (a :class:`~ooospec.eval.ooospec_method.BenchHints`) the request's hints start at its arrival
-    (the start of the timed call) and a :class:`~ooospec.runtime.hints.HintDrafter` joins the drafters right after
-    the FSM. Engines that depend on the request (ToolSpec's FSM) are built inside the timed call: building the
+    (the start of the timed call) and a :class:`~ooospec.runtime.drafters.hints.HintDrafter` joins the drafters right
+    after the FSM. Engines that depend on the request (ToolSpec's FSM) are built inside the timed call: building the
     grammar is part of serving that request.
     """
-    from ooospec.runtime.hints import HintDrafter
+    from ooospec.runtime.drafters.hints import HintDrafter
 
     cache = WarmCache(decoder.model)
 
@@ -185,7 +186,7 @@ def build_methods(names: Sequence[str], model, tokenizer, *, eos_token_ids: Sequ
                 raise ValueError(f"method {name!r} needs a hint source (a sidecar, or --hints gold / oracle)")
             kw = {"record_margins": True} if name == BASELINE else {}
             factories[name] = lambda method=method, kw=kw: decoder_method(
-                methods.RequestDecoder(method, model, eos_token_ids=eos_token_ids, **kw),
+                decoding.RequestDecoder(method, model, eos_token_ids=eos_token_ids, **kw),
                 hints=None if method.hints is None else method_hints(method, hints))
         elif name in LLAMACPP_PEERS:
             factories[name] = llamacpp_peer_factory(name, gguf, threads=threads or hardware.available_cores(),

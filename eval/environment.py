@@ -13,9 +13,9 @@ import subprocess
 
 import torch
 
-from ooospec.runtime import hardware
+from ooospec.runtime.backends import hardware
+from ooospec.runtime.backends.target import as_target
 from ooospec.runtime.paths import PACKAGE_ROOT
-from ooospec.runtime.target import as_target
 
 
 def _git(*args: str) -> str | None:
@@ -53,7 +53,7 @@ def backend_env(backend: tuple[str, str], model) -> dict:
     """The backend, why it was chosen, and for llama.cpp its bindings' version and the GGUF's weight format."""
     out = {"backend": backend[0], "backend_reason": backend[1]}
     if backend[0] == "llama.cpp":
-        from ooospec.runtime import llamacpp
+        from ooospec.runtime.backends import llamacpp
 
         out.update(llama_cpp=llamacpp.available()[1], weights=model.weight_type, gguf=str(model.path),
                    llama_threads=model.threads)

@@ -43,9 +43,9 @@ from ooospec.eval.bench_methods import eos_ids
 from ooospec.eval.method_api import BenchContext, BenchMethod, MethodFactory, MethodResult
 from ooospec.eval.summaries import json_safe, summarize
 from ooospec.runtime import metrics
-from ooospec.runtime.cost_model import Footprint
+from ooospec.runtime.backends.cost_model import Footprint
+from ooospec.runtime.backends.target import as_target
 from ooospec.runtime.methods import BASELINE, HF_REFERENCE, REFERENCES
-from ooospec.runtime.target import as_target
 
 WARMUP_TOKENS = 16  # budget of a warm-up call
 
@@ -113,9 +113,10 @@ def run_bench(model, tokenizer, records: Sequence[dict], factories: dict[str, Me
         settle: called before every timed call, untimed (e.g. wait until a sidecar server has finished a
             wave that an earlier call cancelled, so that it does not slow the next method down).
         warm_tools: before every timed call, prefill the request's system + tools block
-            (:func:`~ooospec.runtime.chat.system_tools_block`) into the method's cache, untimed, for every method
+            (:func:`~ooospec.runtime.agent.chat.system_tools_block`) into the method's cache, untimed, for every method
             alike: the agent setting, where one toolbox serves many requests. Every method needs a ``warm`` hook.
-        roofline: ``{"peak_flops", "peak_bytes_per_s"}`` of this machine (:func:`ooospec.runtime.hardware.roofline`)
+        roofline: ``{"peak_flops", "peak_bytes_per_s"}`` of this machine
+        (:func:`ooospec.runtime.backends.hardware.roofline`)
             to give each method's achieved prefill FLOP/s and decode bytes/s as fractions of them.
     """
     if BASELINE not in factories:

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ooospec.reporting import md_table
-from ooospec.runtime.hints import HintBank, common_prefix, render_views, tokenize_views
+from ooospec.runtime.drafters.hints import HintBank, render_views, tokenize_views
 from ooospec.runtime.methods import BASELINE, GOLD, HINT_SOURCES, ORACLE, SIDECAR, hint_method
+from ooospec.runtime.tokens import common_prefix_len
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def replay(output: Sequence[int], bank: HintBank | None, max_len: int = 16, max_
     while i < len(output):
         out.steps += 1
         n, cands = bank.lookup(output[:i], max_len=max_len, max_candidates=max_candidates) if bank else (0, [])
-        a = max((common_prefix(c, output[i:]) for c in cands), default=0)
+        a = max((common_prefix_len(c, output[i:]) for c in cands), default=0)
         if cands:
             out.proposals.append((n, a))
         i += a + 1
@@ -186,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    from ooospec.runtime.backends.models import gguf_path_of, gguf_tokenizer
     from ooospec.runtime.formats import get_format
-    from ooospec.runtime.models import gguf_path_of, gguf_tokenizer
 
     p = argparse.ArgumentParser(prog="python -m ooospec.eval.hint_replay", description=__doc__.split("\n")[0])
     p.add_argument("reports", nargs="+", type=Path, help=f"bench JSON reports with {BASELINE!r} rows")

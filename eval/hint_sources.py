@@ -11,7 +11,6 @@ The sources themselves (:class:`~ooospec.eval.ooospec_method.SidecarHints` and t
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -19,11 +18,11 @@ from pathlib import Path
 
 from ooospec.pipelines.records import sha256_file
 from ooospec.runtime import methods
-from ooospec.runtime.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
 from ooospec.runtime.methods import SIDECAR
 from ooospec.runtime.paths import sidecar_adapter_dir
-from ooospec.runtime.sidecar_prompts import SERVED_NAME
-from ooospec.runtime.sidecar_waves import check_wave_options
+from ooospec.runtime.sidecar.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
+from ooospec.runtime.sidecar.prompts import SERVED_NAME
+from ooospec.runtime.sidecar.protocol import check_wave_options
 
 
 @dataclass(frozen=True)
@@ -34,14 +33,14 @@ class HintOptions:
     same request, at time zero, no sidecar (the ceilings). ``source="sidecar"``: the sidecar
     server at ``sidecar_url``, or, when None, one started for the run from ``sidecar_adapter`` (None:
     ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter) at ``dtype``, placed as deployment ``sidecar_deploy``
-    (one of :data:`~ooospec.runtime.deployments.BENCH_DEPLOYMENTS`); ``sidecar_model`` is the served model name.
+    (one of :data:`~ooospec.runtime.sidecar.deployments.BENCH_DEPLOYMENTS`); ``sidecar_model`` is the served model name.
     ``sidecar_gate``: send each request's wave only when it pays, cut to the queries that pay (a
-    :class:`~ooospec.runtime.wave_gate.WaveGate` from the deployment's prior); False: always the full wave.
+    :class:`~ooospec.runtime.sidecar.gate.WaveGate` from the deployment's prior); False: always the full wave.
     ``warm_tools``: the bench's ``--warm-tools``: the started server keeps block KV across waves and each
     request's toolbox is prefilled before its clock starts; False (cold): the started server keeps none.
     ``sidecar_wave``, ``sidecar_top_k``, ``sidecar_min_prob``: the client's wave mode (``all``, or
     ``function-first``: the index query, then only the candidate tools' argument queries;
-    :mod:`~ooospec.runtime.sidecar_waves`) and its candidates. ``sidecar_engine``: what answers the waves of a
+    :mod:`~ooospec.runtime.sidecar.protocol`) and its candidates. ``sidecar_engine``: what answers the waves of a
     server started for the run (``transformers``, ``llama.cpp`` or ``auto``).
     """
 
@@ -76,8 +75,8 @@ def start_hints(options: HintOptions, bench_threads: int):
 
     if options.source != SIDECAR:
         return None, TIME_ZERO_HINTS[options.source]()
-    from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.sidecar_process import launch_sidecar
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.process import launch_sidecar
 
     deploy = get_deployment(options.sidecar_deploy)
     proc, url = None, options.sidecar_url
@@ -93,7 +92,7 @@ def start_hints(options: HintOptions, bench_threads: int):
                            min_prob=options.sidecar_min_prob)
     hints = SidecarHints(client, deploy, bench_threads)
     if options.sidecar_gate:
-        from ooospec.runtime.wave_gate import WaveGate
+        from ooospec.runtime.sidecar.gate import WaveGate
 
         hints.client.gate = WaveGate(deploy.prior)
     return proc, hints
@@ -106,18 +105,12 @@ def adapter_record(adapter: str | os.PathLike) -> dict:
     """``{"path", "sha256", "layout_version"}`` of the sidecar adapter folder ``adapter``: its absolute path, the
     sha256 (hex) of its :data:`ADAPTER_WEIGHTS` and its ``sidecar.json`` ``layout_version`` (None for a file
     that is missing, and for a ``sidecar.json`` that cannot be read)."""
-    from ooospec.runtime.sidecar_prompts import METADATA_FILE
+    from ooospec.runtime.sidecar.prompts import read_metadata
 
     path = Path(adapter).resolve()
-    weights, meta_path = path / ADAPTER_WEIGHTS, path / METADATA_FILE
-    layout = None
-    if meta_path.is_file():
-        try:
-            layout = json.loads(meta_path.read_text(encoding="utf-8")).get("layout_version")
-        except (ValueError, AttributeError):
-            layout = None
+    weights = path / ADAPTER_WEIGHTS
     return {"path": str(path), "sha256": sha256_file(weights) if weights.is_file() else None,
-            "layout_version": layout}
+            "layout_version": read_metadata(path, strict=False).get("layout_version")}
 
 
 def sidecar_adapter_record(options: HintOptions) -> dict | None:

@@ -1,13 +1,13 @@
 """The ``ooospec`` benchmark method: ToolSpec's drafters plus sidecar hints, and where the sidecar runs.
 
 At request arrival (the start of the timed call) the method sends the request's wave to the sidecar server
-(:class:`~ooospec.runtime.sidecar_client.SidecarClient`, one HTTP request, a background thread), builds ToolSpec's
-drafters and a :class:`~ooospec.runtime.hints.HintDrafter` on that request, and decodes; the drafter polls without
-blocking and, once the hint bank is ready, adds suffix-matched hint branches to the trees. The target stays the
+(:class:`~ooospec.runtime.sidecar.client.SidecarClient`, one HTTP request, a background thread), builds ToolSpec's
+drafters and a :class:`~ooospec.runtime.drafters.hints.HintDrafter` on that request, and decodes; the drafter polls
+without blocking and, once the hint bank is ready, adds suffix-matched hint branches to the trees. The target stays the
 only commit authority: output == greedy AR whatever the sidecar answers, or whether it answers at all.
 
 The bench's hint sources (:class:`BenchHints`, one per :data:`~ooospec.runtime.methods.HINT_SOURCES` name; each
-starts a request's :class:`~ooospec.runtime.hints.CallGuess`): :class:`SidecarHints` (the real thing), and two
+starts a request's :class:`~ooospec.runtime.drafters.hints.CallGuess`): :class:`SidecarHints` (the real thing), and two
 ceilings through the same views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
 
 - :class:`GoldHints` (``--hints gold``, method ``ooospec-gold``): the benchmark's gold call.
@@ -16,7 +16,7 @@ ceilings through the same views and bank, ready at time zero, no sidecar -- diag
   what the target writes (another argument order, spelling, value), so this is the ceiling of what any sidecar's
   hints can give: how fast ``ooospec`` could be with perfect, free hints.
 
-Where the sidecar runs on one CPU box is a deployment of :data:`~ooospec.runtime.deployments.DEPLOYMENTS` (its
+Where the sidecar runs on one CPU box is a deployment of :data:`~ooospec.runtime.sidecar.deployments.DEPLOYMENTS` (its
 placement of the server and of the target during the call; the baselines always run at the bench's own threads).
 
 Per request the method reports (``row["hints"]``): the wave gate's decision (``wave``: skip / index / slots, the
@@ -36,13 +36,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ooospec.runtime.deployments import Deployment
-from ooospec.runtime.hints import CallGuess, HintBank, ScheduledBanks
+from ooospec.runtime.drafters.hints import CallGuess, HintBank, ScheduledBanks
 from ooospec.runtime.methods import BASELINE, GOLD, ORACLE, SIDECAR
 from ooospec.runtime.metrics import nearest_rank
+from ooospec.runtime.sidecar.deployments import Deployment
 
 if TYPE_CHECKING:
-    from ooospec.runtime.sidecar_client import HintRequest
+    from ooospec.runtime.sidecar.client import HintRequest
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +149,8 @@ class ReleasedGuess(ScheduledBanks):
     """``dedicated`` (an EMULATION of the sidecar on a device of its own, as fast as this CPU): the wave ran alone
     (:meth:`after_alone`: nothing else ran while it did), and each bank it produced -- the early one of a
     function-first wave, then the final one -- is released to the target at the latency it had then, counted
-    from the target's start (:class:`~ooospec.runtime.hints.ScheduledBanks`); the finished request ``req`` keeps
-    its stats and its gate."""
+    from the target's start (:class:`~ooospec.runtime.drafters.hints.ScheduledBanks`); the finished request ``req``
+    keeps its stats and its gate."""
 
     def __init__(self, req, schedule: Sequence[tuple[float, HintBank]]):
         super().__init__(schedule)
@@ -175,7 +175,7 @@ class ReleasedGuess(ScheduledBanks):
 class SidecarHints:
     """Hints from a running sidecar server, deployed as ``deploy`` next to a bench running ``bench_threads``.
 
-    With a wave gate on the client (``client.gate``, a :class:`~ooospec.runtime.wave_gate.WaveGate` from the
+    With a wave gate on the client (``client.gate``, a :class:`~ooospec.runtime.sidecar.gate.WaveGate` from the
     deployment's prior) each request's wave is sent, cut to the queries that pay, or skipped; the decision and its
     estimate are in the row's ``hints["wave"]``.
     """
@@ -192,7 +192,7 @@ class SidecarHints:
         """``--warm-tools`` (untimed): the server prefills the request's toolbox -- its block with the leading
         system messages and no turn yet -- so the wave at arrival starts from it (a tools-first adapter shares
         that much of its block; a context-first one shares nothing and pays in full, as it would in use)."""
-        from ooospec.runtime.sidecar_prompts import toolbox_messages
+        from ooospec.runtime.sidecar.prompts import toolbox_messages
 
         self.client.prefill(toolbox_messages(ctx.record["messages"]), ctx.record["tools"], wait=True)
 

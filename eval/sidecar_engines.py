@@ -7,11 +7,11 @@
 Each request row (``expand_slots``'s heldout rows: the block, the tools, the gold slots) is answered by every
 ``engine:shape`` config, in the same process, one request at a time, after a warm-up:
 
-* ``all``: the wave a client sends today (:func:`~ooospec.runtime.sidecar_prompts.build_wave` without the direct
+* ``all``: the wave a client sends by default (:func:`~ooospec.runtime.sidecar.prompts.build_wave` without the direct
   call): the function index and every tool x parameter, one pass.
 * ``function-first``: the index query alone (its answer capped at the digits an index can have, top-5 logprobs of
   its first token), then the argument queries of the candidate functions only
-  (:func:`~ooospec.runtime.sidecar_waves.function_candidates`: the greedy one and others above ``--min-prob``,
+  (:func:`~ooospec.runtime.sidecar.protocol.function_candidates`: the greedy one and others above ``--min-prob``,
   at most ``--top-k``), the block reused from the first stage (the engine's block cache).
 
 ``cold``: the engine holds no block when the request arrives; ``warm``: the request's toolbox (the block's tools
@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from ooospec.reporting import fmt_cell, md_table
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.sidecar_waves import TOP_LOGPROBS, function_candidates, index_tokens
-from ooospec.runtime.wave_gate import query_name
+from ooospec.runtime import schemas
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.gate import query_name
+from ooospec.runtime.sidecar.protocol import TOP_LOGPROBS, function_candidates, index_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def argument_queries(tools: Sequence[Any], functions: Sequence[str] | None = Non
     """One argument query per parameter of every tool (or of the named ones), in tool and schema order."""
     out = []
     for tool in tools:
-        name = sp.tool_name(tool)
+        name = schemas.tool_name(tool)
         if name is None or (functions is not None and name not in functions):
             continue
         out += [sp.SlotQuery("argument", name, p, sp.argument_query(tool, p)) for p in sp.tool_parameters(tool)]
@@ -74,7 +75,7 @@ def reset(sidecar) -> None:
     if sidecar.engine == "llama.cpp":
         sidecar.waves.forget()
     else:
-        from ooospec.runtime.session import PrefixCache
+        from ooospec.runtime.agent.session import PrefixCache
 
         sidecar.prefix_cache = PrefixCache(max_tokens=16384)
 
@@ -92,7 +93,7 @@ def answer_row(sidecar, row: Mapping, shape: str, *, top_k: int, min_prob: float
         r1 = sidecar.answer(first, logprobs=TOP_LOGPROBS if top_k > 1 else 0, max_new_tokens=index_tokens(len(tools)))
         top = r1.top_logprobs[0][0] if r1.top_logprobs and r1.top_logprobs[0] else None
         picked = function_candidates(r1.answers[0], top, len(tools), top_k=top_k, min_prob=min_prob)
-        functions = [sp.tool_name(tools[i]) for i in picked]
+        functions = [schemas.tool_name(tools[i]) for i in picked]
         second = sp.Wave(block, tuple(argument_queries(tools, functions)))
         results, waves = [r1], [first]
         if second.queries:
@@ -247,7 +248,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _configs(text: str) -> list[tuple[str, str]]:
-    from ooospec.runtime.sidecar import ENGINES
+    from ooospec.runtime.sidecar.wave import ENGINES
 
     out = []
     for item in text.split(","):
@@ -264,8 +265,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ooospec.pipelines.eval_sidecar import select_requests
-    from ooospec.runtime.hardware import cpu_info
-    from ooospec.runtime.sidecar import Sidecar
+    from ooospec.runtime.backends.hardware import cpu_info
+    from ooospec.runtime.sidecar.engines import load_sidecar
 
     configs, caches = _configs(args.configs), [c for c in args.caches.split(",") if c]
     rows = select_requests([json.loads(line) for line in args.rows.open()], args.limit, args.seed)
@@ -281,7 +282,7 @@ def run_cli(args: argparse.Namespace) -> int:
     loaded: dict[str, Any] = {}
     for engine, shape in configs:
         if engine not in loaded:
-            loaded[engine] = Sidecar.from_adapter(args.adapter, threads=args.threads, dtype="auto", engine=engine)
+            loaded[engine] = load_sidecar(args.adapter, threads=args.threads, dtype="auto", engine=engine)
         sidecar = loaded[engine]
         for cache in caches:
             key = f"{engine}:{shape}:{cache}"

@@ -9,12 +9,13 @@ next to it), on the llama.cpp backend:
 * ``T(n)``: seconds of one verification forward of ``n`` tree nodes (logits for every node) on a 400-token
   context, n = 1, 2, 4, 8, 16, 32; the fastest of ``--repeats``.
 * prefill tokens/s of a 400-token prompt; decode tokens/s of 64 greedy tokens, for our engine (``ar``: one-token
-  trees through :class:`~ooospec.runtime.llamacpp_kv.LlamaCppKV`) and for llama-cpp-python's stock
+  trees through :class:`~ooospec.runtime.backends.llamacpp_kv.LlamaCppKV`) and for llama-cpp-python's stock
   ``Llama.generate`` (the peer users run), same file, same threads, alternating, median of ``--repeats``.
-* batch-shape numerics (:func:`ooospec.runtime.llamacpp.batch_shape_diff` on a 400-token prompt): 16 tokens scored
+* batch-shape numerics (:func:`ooospec.runtime.backends.llamacpp.batch_shape_diff` on a 400-token prompt): 16 tokens
+scored
   in one forward vs one at a time on the same cache; the largest absolute logit difference and whether any argmax
   differs. llama.cpp's kernels depend on the batch size, so a token verified inside a tree can get other logits
-  than the same token decoded alone; the engine's tie margin (:data:`ooospec.runtime.llamacpp.TIE_MARGIN`, or
+  than the same token decoded alone; the engine's tie margin (:data:`ooospec.runtime.backends.llamacpp.TIE_MARGIN`, or
   twice this difference) has to cover it.
 
 Everything runs in this process, one measurement at a time; start it on an idle machine.
@@ -97,7 +98,8 @@ def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repe
     """Prefill and decode tokens/s, ours (the engine's ``ar``: one-token trees) vs the stock bindings, alternating;
     medians of ``repeats``."""
     from ooospec.eval.llamacpp_peers import LlamaCppPeer
-    from ooospec.runtime.methods import BASELINE, REGISTRY
+    from ooospec.runtime.decoding import build_engine
+    from ooospec.runtime.methods import BASELINE
 
     peer = LlamaCppPeer(gguf, threads=threads, n_ctx=2048)
     ours_pf, ours_dec, peer_pf, peer_dec = [], [], [], []
@@ -110,7 +112,7 @@ def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repe
         def stop(_):
             return False
 
-    engine = REGISTRY[BASELINE](target)
+    engine = build_engine(BASELINE, target)
     for _ in range(repeats):
         r = engine.generate(prompt, DECODE)
         ours_pf.append(CONTEXT / r.prefill_s)
@@ -125,7 +127,7 @@ def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repe
 
 def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
     """One row of the report: forward times, batch-shape numerics, and prefill / decode next to llama.cpp."""
-    from ooospec.runtime.llamacpp import LlamaCppTarget, batch_shape_diff
+    from ooospec.runtime.backends.llamacpp import LlamaCppTarget, batch_shape_diff
 
     target = LlamaCppTarget(gguf, threads=threads, n_ctx=2048)
     rng = random.Random(seed)
@@ -159,8 +161,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ooospec.runtime import hardware
-    from ooospec.runtime.models import gguf_path_of
+    from ooospec.runtime.backends import hardware
+    from ooospec.runtime.backends.models import gguf_path_of
 
     p = argparse.ArgumentParser(prog="python -m ooospec.eval.substrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="registry name or .gguf file")

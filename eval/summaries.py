@@ -5,7 +5,8 @@
 Per method: ``n``, ``mean_s``, ``median_s``, ``speedup``, ``speedup_median``, ``decode_speedup``, ``mat``,
 ``mean_tree_size``, ``exact_rate``, ``exact_hf_rate``, ``near_ties``, ``defects`` and a few more (see
 :func:`summarize_method`); every metric as defined in :mod:`ooospec.runtime.metrics`. Given this machine's roofline
-(:func:`ooospec.runtime.hardware.roofline`), each summary also has the target's achieved ``prefill_flops_per_s`` and
+(:func:`ooospec.runtime.backends.hardware.roofline`), each summary also has the target's achieved
+``prefill_flops_per_s`` and
 ``decode_bytes_per_s`` (:func:`ooospec.runtime.metrics.prefill_flops`, :func:`~ooospec.runtime.metrics.decode_bytes`)
 and their fractions of the roofs (``prefill_peak_frac``, ``decode_peak_frac``).
 """

@@ -31,7 +31,7 @@ What runs. Per target: ``ar`` and stock ``hf-greedy`` always, then ``transfer.me
 ``hf-assisted`` (only where ``transfer.assistants`` names a same-vocabulary draft model for the target; elsewhere
 it is left out and the report says so, never replaced by a fallback), ``toolspec``, ``ooospec`` (hints from the
 ONE sidecar adapter ``transfer.sidecar_adapter``, served once for the whole matrix, deployed as
-``transfer.sidecar_deploy``, see :mod:`ooospec.runtime.deployments`) and ``ooospec-gold`` (gold hints at time
+``transfer.sidecar_deploy``, see :mod:`ooospec.runtime.sidecar.deployments`) and ``ooospec-gold`` (gold hints at time
 zero: the ceiling, a diagnostic column). Every metric is :mod:`ooospec.runtime.metrics`'s.
 
 Outputs::
@@ -79,7 +79,8 @@ from ooospec.runtime import methods as registry
 from ooospec.runtime import metrics
 from ooospec.runtime.methods import BASELINE, HF_REFERENCE, OOOSPEC, TOOLSPEC
 from ooospec.runtime.paths import PACKAGE_ROOT, resolve_benchmark
-from ooospec.runtime.sidecar_process import wait_idle
+from ooospec.runtime.sidecar.process import wait_idle
+from ooospec.runtime.sidecar.prompts import read_metadata
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -122,8 +123,7 @@ def sidecar_info(adapter: Path) -> dict:
     """What the report says about the ONE sidecar: its base, size of training, weights and tokenizer fingerprints."""
     from transformers import AutoTokenizer
 
-    meta_path = adapter / "sidecar.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    meta = read_metadata(adapter, strict=False)
     weights = adapter / "adapter_model.safetensors"
     tok = AutoTokenizer.from_pretrained(str(adapter))
     return {"adapter": str(adapter), "base": meta.get("base"), "base_model_id": meta.get("base_model_id"),
@@ -298,8 +298,8 @@ def load(params: TransferParams, target: str, methods: Sequence[str], machine: d
          server: SidecarServer, roofline: dict | None) -> LoadedTarget:
     """Load ``target`` (and its hf-assisted draft model) and build its methods."""
     from ooospec.eval.peers import same_vocab
+    from ooospec.runtime.backends.models import load_target
     from ooospec.runtime.formats import detect_format
-    from ooospec.runtime.models import load_target
 
     logger.info("loading %s", target)
     model, tokenizer = load_target(target, dtype=machine["dtype"])
@@ -326,7 +326,7 @@ def load(params: TransferParams, target: str, methods: Sequence[str], machine: d
 def run_target(params: TransferParams, target: str, benchmarks: Mapping[str, list[dict]], cells_dir: Path, *,
                machine: dict, sidecar: dict | None, code: str, server: SidecarServer) -> list[dict]:
     """Every cell of one target (loaded only when some cell has examples left); returns the compact cells."""
-    from ooospec.runtime import hardware
+    from ooospec.runtime.backends import hardware
     from ooospec.runtime.formats import get_format
 
     methods, notes = target_methods(params, target)
@@ -370,7 +370,7 @@ def run(params: TransferParams, cells_dir: Path, report_dir: Path, metrics_path:
     """
     import torch
 
-    from ooospec.runtime import hardware
+    from ooospec.runtime.backends import hardware
 
     t_start = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")

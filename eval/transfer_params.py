@@ -18,7 +18,7 @@ from typing import Literal
 
 from ooospec.pipelines.params import as_dict, load_section
 from ooospec.runtime import methods as registry
-from ooospec.runtime.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
+from ooospec.runtime.sidecar.deployments import BENCH_DEPLOYMENTS, DEFAULT_DEPLOYMENT, get_deployment
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class TransferParams:
     threads: int = 0                     # 0 = the cores this process may use
     pld_tokens: int = 10
     sidecar_adapter: str = "adapters/sidecar"
-    sidecar_deploy: str = DEFAULT_DEPLOYMENT   # one of runtime/deployments.py's BENCH_DEPLOYMENTS
-    sidecar_gate: bool = True            # each wave only as far as it pays (runtime/wave_gate.py); False: in full
+    sidecar_deploy: str = DEFAULT_DEPLOYMENT   # one of runtime/sidecar/deployments.py's BENCH_DEPLOYMENTS
+    sidecar_gate: bool = True            # each wave only as far as it pays (runtime/sidecar/gate.py); False: in full
     warm_tools: bool = False             # True: every method's system + tools block cached before the clock starts
     roofline: bool = True
     seed: int = 0                        # of the bootstrap intervals
@@ -100,7 +100,7 @@ def exp_command(overrides: Mapping) -> str:
 FULL_PARAMS = "eval/transfer_full.yaml"
 WARM_PARAMS = "eval/transfer_warm.yaml"     # the full matrix with a warm toolbox (warm_tools: true)
 WARM_QWEN_PARAMS = "eval/transfer_warm_qwen.yaml"   # the same on the two Qwen targets (same folders, same cells)
-SIDECAR_GOLD_PARAMS = "eval/transfer_sidecar_gold.yaml"       # issue 33: which sidecar to ship, the gold-trained one
+SIDECAR_GOLD_PARAMS = "eval/transfer_sidecar_gold.yaml"       # which sidecar to ship: the gold-trained one
 SIDECAR_TEACHER_PARAMS = "eval/transfer_sidecar_teacher.yaml"   # ... and the teacher-trained one, same requests
 NAMED_SETS = {FULL_PARAMS: "full", WARM_PARAMS: "warm", WARM_QWEN_PARAMS: "warm",
               SIDECAR_GOLD_PARAMS: "sidecar-gold", SIDECAR_TEACHER_PARAMS: "sidecar-teacher"}

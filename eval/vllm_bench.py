@@ -48,8 +48,7 @@ from ooospec.eval.vllm_runs import (
     sampling_params,
     sidecar_wave,
 )
-from ooospec.runtime.deployments import GATE_OFF, SERVE_GATE_CHOICES
-from ooospec.runtime.hardware import vllm_cpu_env
+from ooospec.runtime.backends.hardware import vllm_cpu_env
 from ooospec.runtime.methods import (
     DEFAULT_VLLM_BENCH_METHODS,
     LLAMACPP_REFERENCE,
@@ -60,6 +59,7 @@ from ooospec.runtime.methods import (
     get_method,
 )
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
+from ooospec.runtime.sidecar.deployments import GATE_OFF, SERVE_GATE_CHOICES
 
 
 def compare(rows: list[dict], reference: dict[str, dict], tie_margin: float) -> None:
@@ -127,11 +127,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "ooospec-dedicated")
     p.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",
                    help="the sidecar client's wave: one pass over every tool's arguments, or the function index "
-                        "first, then the likeliest functions' arguments (runtime/sidecar_waves.py)")
+                        "first, then the likeliest functions' arguments (runtime/sidecar/protocol.py)")
     p.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
     p.add_argument("--sidecar-gate", choices=SERVE_GATE_CHOICES, default=GATE_OFF,
                    help="method ooospec: off (every wave sent) or the deployment the sidecar runs in, whose prior "
-                        "the proposer's wave gate decides from (shared: the target's cores; runtime/wave_gate.py)")
+                        "the proposer's wave gate decides from (shared: the target's cores; runtime/sidecar/gate.py)")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")
@@ -145,7 +145,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ooospec.runtime.fetch import REGISTRY, fetch
+    from ooospec.runtime.backends.fetch import REGISTRY, fetch
     from ooospec.runtime.formats import detect_format
 
     order = methods_to_run(args.methods)

@@ -285,7 +285,7 @@ def server_command(args, method: str, port: int) -> list[str]:
 
 def wait_healthy(url: str, proc, log: Path, method: str, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
     """Until ``url/health`` answers; SystemExit naming ``log`` when the server exits or ``timeout_s`` passes."""
-    from ooospec.runtime.sidecar_process import health
+    from ooospec.runtime.sidecar.process import health
 
     deadline = time.time() + timeout_s
     while health(url) is None:
@@ -320,7 +320,7 @@ def run_method(args, method: str, records: list[dict]) -> dict:
     """Start ``method``'s server, warm it up, run every level; its levels (rows, wall s, proposer lines)."""
     import httpx
 
-    from ooospec.runtime.sidecar_process import free_port
+    from ooospec.runtime.sidecar.process import free_port
 
     port = free_port()
     url, log = f"http://127.0.0.1:{port}", args.out.with_name(f"{args.out.stem}.{method}.server.log")
@@ -456,8 +456,8 @@ def add_arguments(p) -> None:
 
 
 def run_cli(args) -> int:
-    from ooospec.runtime import fetch as models
-    from ooospec.runtime.hardware import vllm_cpu_env
+    from ooospec.runtime.backends import fetch as models
+    from ooospec.runtime.backends.hardware import vllm_cpu_env
 
     validate(args)
     records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit)

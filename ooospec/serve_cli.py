@@ -15,8 +15,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from ooospec.runtime import deployments
 from ooospec.runtime.methods import OOOSPEC, SERVED, TOOLSPEC, default_served, get_method
+from ooospec.runtime.sidecar import deployments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,13 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ooospec.runtime.chat import ChatModel
-    from ooospec.runtime.hardware import resolve_threads
-    from ooospec.runtime.models import load_target
+    from ooospec.runtime.agent.chat import ChatModel
+    from ooospec.runtime.agent.session import PrefixCache, SessionStore
+    from ooospec.runtime.backends.hardware import resolve_threads
+    from ooospec.runtime.backends.models import load_target
     from ooospec.runtime.serve.admission import override_limits
     from ooospec.runtime.serve.chat_app import DEFAULT_PORT, Limits, serve
-    from ooospec.runtime.session import PrefixCache, SessionStore
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     method = args.method or default_served(with_sidecar=bool(args.sidecar))
@@ -74,7 +74,7 @@ def run_cli(args: argparse.Namespace) -> int:
                                 prefix_cache=PrefixCache(max_bytes=max(args.prefix_cache_mb, 1) << 20))
     gate = None
     if args.sidecar and args.sidecar_gate != deployments.GATE_OFF:
-        from ooospec.runtime.wave_gate import WaveGate
+        from ooospec.runtime.sidecar.gate import WaveGate
 
         gate = WaveGate(deployments.DEPLOYMENTS[args.sidecar_gate].prior)
     sidecar = SidecarClient(args.sidecar, gate=gate) if args.sidecar else None

@@ -16,12 +16,12 @@
 where ``call`` joins the index and argument answers and ``direct_call`` is the direct-call answer, each validated
 against the tools' schemas (invalid arguments dropped), and ``answers`` holds every raw answer by query name. With
 ``--wave all`` (the default) the wave is the one-pass wave of all the record's queries (the direct-call query
-included; ``index_s`` and ``functions`` null). With ``--wave function-first`` (:mod:`ooospec.runtime.sidecar_waves`)
+included; ``index_s`` and ``functions`` null). With ``--wave function-first`` (:mod:`ooospec.runtime.sidecar.protocol`)
 it is two waves on the same block: the index query (``index_s`` its seconds; with ``--top-k`` > 1 the first
 token's top logprobs add candidates of at least ``--min-prob``, listed in ``functions``, greedy first), then the
 candidates' argument queries and the direct-call query; ``call`` is the greedy candidate's, and the timings, query
 and token counts are both waves' sums (without ``--prefix-cache-tokens`` the second wave prefills the block
-again). ``--engine`` picks the sidecar's backend (:meth:`~ooospec.runtime.sidecar.Sidecar.from_adapter`).
+again). ``--engine`` picks the sidecar's backend (:func:`~ooospec.runtime.sidecar.engines.load_sidecar`).
 
 Every ``--dataset`` line must be a valid record (:func:`ooospec.pipelines.records.load_records`); a bad one stops
 the command with ``file:line``, the reason and the field, before any prediction is written. A benchmark name
@@ -41,19 +41,18 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime import sidecar_waves as sw
+from ooospec.runtime import schemas
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
-from ooospec.runtime.wave_gate import query_name
-
-# the sidecar's engines (runtime/sidecar.py ENGINE_CHOICES, spelled here so that the CLI starts without torch)
-ENGINE_CHOICES = ("auto", "transformers", "llama.cpp")
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar import protocol as sw
+from ooospec.runtime.sidecar.engines import ENGINE_CHOICES
+from ooospec.runtime.sidecar.gate import query_name
 
 
 def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = False, wave: str = "all",
                     top_k: int = 2, min_prob: float = 0.1) -> Iterator[dict]:
     """One prediction row per record (see the module docstring); ``sidecar`` is a loaded
-    :class:`~ooospec.runtime.sidecar.Sidecar` (waves in its adapter's layout). The record's first call is predicted
+    :class:`~ooospec.runtime.sidecar.wave.Sidecar` (waves in its adapter's layout). The record's first call is predicted
     (no prior calls). ``warm_tools``: prefill each record's toolbox into the sidecar's prefix cache first.
     ``wave``: ``"all"`` or ``"function-first"`` (with ``top_k`` candidate tools of at least ``min_prob``)."""
     for rec in records:
@@ -102,7 +101,7 @@ def _predict_function_first(sidecar, rec: Mapping, layout: int, top_k: int, min_
     except (TypeError, LookupError):
         alternatives = None
     candidates = sw.function_candidates(index.answers[0], alternatives, len(tools), top_k=top_k, min_prob=min_prob)
-    functions = [name for name in (sp.tool_name(tools[i]) for i in candidates) if name is not None]
+    functions = [name for name in (schemas.tool_name(tools[i]) for i in candidates) if name is not None]
     second = sw.argument_wave(rec["messages"], tools, functions, with_direct_call=True, layout=layout)
     result = sidecar.answer(second)
     calls = sw.join_function_first(tools, candidates, second, result.answers)
@@ -155,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="prefill each record's toolbox before its wave, untimed (needs --prefix-cache-tokens)")
     predict.add_argument("--wave", default="all", choices=sw.WAVE_MODES,
                          help="all: one wave of every query; function-first: the index query, then only the "
-                              "candidate tools' argument queries (runtime/sidecar_waves.py)")
+                              "candidate tools' argument queries (runtime/sidecar/protocol.py)")
     predict.add_argument("--top-k", type=int, default=2, help="function-first: candidate tools at most (default 2)")
     predict.add_argument("--min-prob", type=float, default=0.1,
                          help="function-first: probability a candidate besides the greedy one needs (default 0.1)")
@@ -182,7 +181,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ooospec.pipelines.records import load_records
-    from ooospec.runtime.sidecar import Sidecar
+    from ooospec.runtime.sidecar.engines import load_sidecar
 
     try:
         path = resolve_benchmark(args.dataset, args.benchmark_dir)
@@ -198,9 +197,9 @@ def run_cli(args: argparse.Namespace) -> int:
         sw.check_wave_options(args.wave, args.top_k, args.min_prob)
     except ValueError as e:
         raise SystemExit(f"ooospec sidecar predict: {e} (--wave/--top-k/--min-prob)") from None
-    sidecar = Sidecar.from_adapter(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine)
+    sidecar = load_sidecar(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine)
     if args.prefix_cache_tokens:
-        from ooospec.runtime.session import PrefixCache
+        from ooospec.runtime.agent.session import PrefixCache
 
         sidecar.prefix_cache = PrefixCache(max_tokens=args.prefix_cache_tokens)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python -m ooospec.pipelines.dedupe data/ingest/records.jsonl data/dedupe
 
-Keys (all on :func:`records.norm_text`: Unicode NFKC, casefold, whitespace collapsed):
+Keys (all on :func:`ooospec.runtime.calls.norm_text`: Unicode NFKC, casefold, whitespace collapsed):
 
 * exact key       the canonical JSON of the record without its id/split/meta (byte-level duplicate)
 * normalized key  normalized context (every message, tool calls canonicalized) + canonical gold calls
@@ -39,14 +39,8 @@ from typing import Literal
 from tqdm import tqdm
 
 from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
-from ooospec.pipelines.records import (
-    canonical_calls,
-    canonical_json,
-    load_records,
-    norm_text,
-    write_json,
-    write_jsonl,
-)
+from ooospec.pipelines.records import load_records, write_json, write_jsonl
+from ooospec.runtime.calls import canonical_calls, canonical_json, norm_text
 
 DEFAULT_EVAL_SETS = {
     "apibank-l1": "apibank/test-l1",
@@ -209,9 +203,8 @@ def check_no_leak(train: list[dict], evals: dict[str, list[dict]]) -> list[str]:
     return [r["id"] for r in train if request_keys(r) & eval_requests]
 
 
-def run(params: DedupeParams, records_path: Path, out_dir: Path, *,
-        metrics_path: Path = Path("metrics/dedupe.json"), cards_dir: Path | None = Path("data_cards"),
-        ingest_metrics: Path | None = Path("metrics/ingest.json")) -> dict:
+def run(params: DedupeParams, records_path: Path, out_dir: Path, *, metrics_path: Path, cards_dir: Path | None,
+        ingest_metrics: Path | None) -> dict:
     read = load_records(records_path, params.on_reject, what="ingest records", knob="dedupe.on_reject")
     train, evals, stats = dedupe(params, read.rows)
     stats["input"] = read.summary()
@@ -241,12 +234,12 @@ def run(params: DedupeParams, records_path: Path, out_dir: Path, *,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_path_arguments(p, {"records": "records.jsonl from the ingest stage",
                            "out_dir": "folder for train.jsonl and eval/<benchmark>.jsonl"},
-                       metrics="metrics/dedupe.json", cards="data_cards")
+                       metrics="metrics/dedupe.json", cards="data_cards", ingest_metrics="metrics/ingest.json")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     run(load_section(DedupeParams, "dedupe", args.params), args.records, args.out_dir,
-        metrics_path=args.metrics, cards_dir=args.cards)
+        metrics_path=args.metrics, cards_dir=args.cards, ingest_metrics=args.ingest_metrics)
     return 0
 
 

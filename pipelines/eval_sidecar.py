@@ -1,7 +1,7 @@
 """DVC stage ``eval_sidecar``: the sidecar's answer quality and the latency of its one-pass wave, on held-out requests.
 
 Each evaluated request is answered the way the runtime answers it: ONE wave (the index query + every tool x
-parameter query, sharing the request's block; :class:`ooospec.runtime.sidecar.Sidecar`), greedy, timed (prefill
+parameter query, sharing the request's block; :class:`ooospec.runtime.sidecar.wave.Sidecar`), greedy, timed (prefill
 and decode apart) after one warm-up wave. The direct-call query is answered in a second, untimed pass. Answers
 are parsed with the runtime's own parsers and compared as canonical compact JSON::
 
@@ -46,10 +46,11 @@ from typing import Any
 from tqdm import tqdm
 
 from ooospec.pipelines.params import as_dict, load_section, module_main
-from ooospec.pipelines.records import canonical_json, load_records, write_json
+from ooospec.pipelines.records import load_records, write_json
 from ooospec.pipelines.slot_rows import read_request_rows, request_rows, row_wave, rows_layout
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.calls import canonical_json
 from ooospec.runtime.paths import BENCHMARK_DIR, sidecar_adapter_dir
+from ooospec.runtime.sidecar import prompts as sp
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class EvalSidecarParams:
     # forwards, so this bounds a smoke run's time without shrinking a good adapter's evaluation.
     max_forwards: int = 0
     threads: int = 0  # torch threads for the waves (latency is reported at this count); 0 = all cores
-    dtype: str = "auto"  # sidecar weights: auto | bf16 | fp32 (auto: see ooospec.runtime.hardware)
+    dtype: str = "auto"  # sidecar weights: auto | bf16 | fp32 (auto: see ooospec.runtime.backends.hardware)
     direct_call: bool = True  # also answer (untimed) and score the direct-call query
     seed: int = 0
 
@@ -256,9 +257,9 @@ def _summary(values: Sequence[float]) -> dict:
 
 def load_sidecar(adapter_dir: Path | None, params: EvalSidecarParams, base: str | None = None):
     """The trained sidecar (``adapter_dir``) or, with ``base``, that model untrained; plus the dtype reason."""
-    from ooospec.runtime.hardware import resolve_dtype, resolve_threads
-    from ooospec.runtime.models import load_target
-    from ooospec.runtime.sidecar import Sidecar
+    from ooospec.runtime.backends.hardware import resolve_dtype, resolve_threads
+    from ooospec.runtime.backends.models import load_target
+    from ooospec.runtime.sidecar.wave import Sidecar
 
     threads, _ = resolve_threads(params.threads)
     dtype, why = resolve_dtype(params.dtype, threads=threads)
@@ -336,7 +337,7 @@ def run(params: EvalSidecarParams, rows: Sequence[dict], adapter_dir: str | os.P
     """Evaluate the sidecar of ``adapter_dir`` (or the untrained ``base``) on request ``rows``; write the metrics."""
     import torch
 
-    from ooospec.runtime.hardware import cpu_info
+    from ooospec.runtime.backends.hardware import cpu_info
 
     torch.manual_seed(params.seed)
     chosen = select_requests(rows, params.max_requests, params.seed)

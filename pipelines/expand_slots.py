@@ -5,7 +5,7 @@
 
 A request is the k-th call of a record (the calls before it are shown as ``call:`` lines, see
 ``runtime.sidecar_prompts.context_view``). Its row holds the request's shared block and its slots, built with
-:func:`ooospec.runtime.sidecar_prompts.build_wave` -- the exact code the runtime queries the sidecar with::
+:func:`ooospec.runtime.sidecar.prompts.build_wave` -- the exact code the runtime queries the sidecar with::
 
     {"id": "<record_id>#<k>", "record_id", "function": <called name>, "block": "Conversation:\\n...Tools:\\n...",
      "slots": [{"form": "function_index", "function": null, "parameter": null,
@@ -15,7 +15,7 @@ A request is the k-th call of a record (the calls before it are shown as ``call:
                ...,
                {"form": "direct_call", ..., "query": "Query: call\\n", "answer": "{\\"name\\":...}"}]}
 
-``layout`` (params) is the prompt layout of the blocks (:data:`ooospec.runtime.sidecar_prompts.LAYOUTS`: 2
+``layout`` (params) is the prompt layout of the blocks (:data:`ooospec.runtime.sidecar.prompts.LAYOUTS`: 2
 context first, 3 tools first); a row built in a layout other than 2 records it (``"layout": 3``), and
 ``train_sidecar`` writes the rows' layout into the adapter's ``sidecar.json``.
 
@@ -54,7 +54,7 @@ from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, 
 from ooospec.pipelines.records import atomic_write_text, load_records, write_json, write_jsonl
 from ooospec.pipelines.slot_rows import request_row
 from ooospec.reporting import md_table
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import prompts as sp
 
 SPLITS = ("train", "heldout")
 
@@ -165,7 +165,7 @@ def slots_card(stats: dict, path: Path) -> None:
 # Dataset card: `data/slots/train.jsonl`, `data/slots/heldout.jsonl`
 
 Slot supervision for the OoO-Spec sidecar, one row per request (one call of a record), built from the teacher's
-normalized calls (`data/normalize/calls.jsonl`) with `runtime/sidecar_prompts.py` (prompt layout
+normalized calls (`data/normalize/calls.jsonl`) with `runtime/sidecar/prompts.py` (prompt layout
 {p['layout']}, {sp.LAYOUTS[p['layout']]}), the same code the runtime queries the sidecar with. Each row holds the
 request's shared block ({block_order}) and its slots: the
 `function_index` query (-> the tool's index), one `argument` query per tool x parameter (-> the compact JSON

@@ -201,7 +201,7 @@ tok = AutoTokenizer.from_pretrained("<this repo or folder>")
 or, with ooo-spec's one-pass wave (the block is prefilled once, every slot answered as a branch):
 
 ```python
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar.wave import Sidecar
 call, result = Sidecar.from_adapter("<this folder>").predict(messages, tools)   # {{"name", "arguments"}} | None
 ```
 """

@@ -158,9 +158,8 @@ def reject_failure(params: IngestParams, name: str, rejected: int, frac: float) 
     return None
 
 
-def run(params: IngestParams, out_dir: Path, *, metrics_path: Path = Path("metrics/ingest.json"),
-        card_path: Path | None = Path("data_cards/ingest.md"), lock: dict[str, str] | None = None,
-        check: bool = True) -> dict:
+def run(params: IngestParams, out_dir: Path, *, metrics_path: Path, card_path: Path | None,
+        lock: dict[str, str] | None = None, check: bool = True) -> dict:
     names = list(params.sources)
     lock = json.loads(LOCK_FILE.read_text()) if lock is None else lock
     root = raw_root(params, names, lock)

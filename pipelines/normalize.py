@@ -46,7 +46,6 @@ from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, 
 from ooospec.pipelines.records import (
     UNCHECKABLE_SCHEMA,
     atomic_write_text,
-    canonical_calls,
     load_records,
     load_rows,
     tool_by_name,
@@ -55,6 +54,7 @@ from ooospec.pipelines.records import (
 )
 from ooospec.reporting import md_table
 from ooospec.runtime import formats, schemas
+from ooospec.runtime.calls import canonical_calls
 
 UNPARSEABLE = "unparseable"
 UNKNOWN_TOOL = "unknown_tool"
@@ -201,8 +201,7 @@ Rejected traces are in `data/normalize/rejects.jsonl` with their reason and raw 
 
 
 def run(params: NormalizeParams, records_path: Path, traces_path: Path, out_path: Path, rejects_path: Path, *,
-        metrics_path: Path | None = Path("metrics/normalize.json"),
-        card_path: Path | None = Path("data_cards/normalize.md")) -> dict:
+        metrics_path: Path | None, card_path: Path | None) -> dict:
     read = load_records(records_path, params.on_reject, what="training records", knob="normalize.on_reject")
     read_traces = load_rows(traces_path, trace_problem, params.on_reject, what="teacher traces",
                            knob="normalize.on_reject")

@@ -7,7 +7,7 @@ A request row (``expand_slots``) is a shared block and its slots. Packed, it is 
 
 with ``position_ids`` restarting after the block for every segment (``B, B+1, ...``) and a 4D additive mask in
 which a segment token sees the block and the earlier tokens of its own segment only -- exactly what one wave
-branch sees at inference (:func:`ooospec.runtime.sidecar.decode_branches`). Both come from the structure the wave
+branch sees at inference (:func:`ooospec.runtime.sidecar.wave.decode_branches`). Both come from the structure the wave
 decodes with: the sequence is a :class:`~ooospec.runtime.tree.Forest` (:func:`packed_forest`, the block shared,
 each segment a chain), whose :func:`~ooospec.runtime.tree.forest_positions` and
 :func:`~ooospec.runtime.tree.forest_visibility` give the segments' positions and visibility.
@@ -16,7 +16,7 @@ Labels are the answer tokens and EOS; block and query tokens are ``-100``. The m
 its loss, and every segment's first token is an unlabelled query token, so no segment is ever trained to predict
 the next one.
 
-Tokenization is the contract's (:func:`ooospec.runtime.sidecar_prompts.encode_wave`): block and query tokenized
+Tokenization is the contract's (:func:`ooospec.runtime.sidecar.prompts.encode_wave`): block and query tokenized
 apart, answers tokenized alone, EOS appended. A request longer than ``max_len`` is split into several sequences, each
 with the block and as many whole segments as fit; a slot that cannot fit even alone is dropped (and counted).
 
@@ -38,7 +38,7 @@ from itertools import groupby
 import torch
 
 from ooospec.pipelines.slot_rows import row_wave
-from ooospec.runtime.sidecar_prompts import encode_wave
+from ooospec.runtime.sidecar.prompts import encode_wave
 from ooospec.runtime.tree import Forest, chain_tree, forest_positions, forest_visibility
 
 IGNORE = -100

@@ -110,7 +110,7 @@ def add_path_arguments(p: argparse.ArgumentParser, positional: dict[str, str], *
         p.add_argument(name, type=Path, help=help_text)
     p.add_argument("--params", type=Path, default=PARAMS_FILE)
     for name, default in options.items():
-        p.add_argument(f"--{name}", type=Path, default=Path(default))
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=Path, default=Path(default))
 
 
 def module_main(module: str, doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],

@@ -31,15 +31,15 @@ logger = logging.getLogger(__name__)
 class Recipe:
     """A sidecar training recipe. Unknown keys are an error; see :func:`load_recipe`.
 
-    ``base`` is anything ``ooospec.runtime.models.load_target`` takes (registry name, local folder, hub id);
+    ``base`` is anything ``ooospec.runtime.backends.models.load_target`` takes (registry name, local folder, hub id);
     ``base_model_id`` is the Hub id written into the adapter config and the model card.
     """
 
     base: str
     base_model_id: str = ""
-    dtype: str = "fp32"  # frozen base weights at load: auto | fp32 | bf16 (auto: see ooospec.runtime.hardware)
+    dtype: str = "fp32"  # frozen base weights at load: auto | fp32 | bf16 (auto: see ooospec.runtime.backends.hardware)
     # bf16 autocast: "auto" = on where the hardware multiplies bf16 natively and a probe finds it faster
-    # (CUDA, AMX / avx512_bf16 CPUs; see ooospec.runtime.hardware), "bf16" = always, "none" = never
+    # (CUDA, AMX / avx512_bf16 CPUs; see ooospec.runtime.backends.hardware), "bf16" = always, "none" = never
     # (YAML reads a bare off as false)
     autocast: str = "auto"
     # LoRA
@@ -146,8 +146,8 @@ def recipe_to_yaml(recipe: Recipe) -> str:
 
 def load_base(recipe: Recipe, threads: int | None = None, dtype: str | None = None):
     """``(model, tokenizer)`` of the recipe's base via ``load_target`` (registry name, local folder or hub id)."""
-    from ooospec.runtime.hardware import resolve_dtype
-    from ooospec.runtime.models import load_target
+    from ooospec.runtime.backends.hardware import resolve_dtype
+    from ooospec.runtime.backends.models import load_target
 
     dtype, why = resolve_dtype(dtype or recipe.dtype, threads=threads or None)
     logger.info("sidecar base %s in %s (%s)", recipe.base, dtype, why)

@@ -40,7 +40,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from ooospec.runtime import schemas
-from ooospec.runtime.calls import canonical_calls, canonical_json, compact_json, norm_text, norm_value  # noqa: F401
+from ooospec.runtime.calls import canonical_json, compact_json
 
 logger = logging.getLogger(__name__)
 
@@ -244,17 +244,7 @@ def validate_record(rec: Any) -> tuple[str, str] | None:
     return None
 
 
-# ---------------------------------------------------------------- canonical forms (dedupe, hashing)
-
-# norm_text, norm_value, canonical_json and canonical_calls live in runtime/calls.py (imported above), one
-# canonicalization shared with the runtime's tool cache; they stay importable from here.
-
-
-def last_user_text(rec: dict) -> str:
-    for m in reversed(rec["messages"]):
-        if m["role"] == "user":
-            return m["content"]
-    return ""
+# ---------------------------------------------------------------- hashing (canonical forms: runtime/calls.py)
 
 
 def sha256_file(path: Path) -> str:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from ooospec.pipelines.records import iter_jsonl
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import prompts as sp
 
 ROW_KEYS = ("id", "record_id", "function", "tools", "block", "slots")
 SLOT_KEYS = ("form", "function", "parameter", "query", "answer")
@@ -25,7 +25,7 @@ IMPLICIT_LAYOUT = 2   # rows without a "layout" key: the layout before there was
 
 
 def row_layout(row: dict) -> int:
-    """The prompt layout ``row``'s block was built in (:data:`~ooospec.runtime.sidecar_prompts.LAYOUTS`)."""
+    """The prompt layout ``row``'s block was built in (:data:`~ooospec.runtime.sidecar.prompts.LAYOUTS`)."""
     return row.get("layout", IMPLICIT_LAYOUT)
 
 

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from ooospec.pipelines.params import add_path_arguments, as_dict, load_section, module_main
-from ooospec.pipelines.records import canonical_json, load_records, write_json, write_jsonl
+from ooospec.pipelines.records import load_records, write_json, write_jsonl
+from ooospec.runtime.calls import canonical_json
 
 TRACE_KEYS = ("id", "backend", "model", "format", "text", "num_prompt_tokens", "num_new_tokens", "finish")
 from tqdm import tqdm
@@ -147,7 +148,7 @@ class TransformersBackend:
     def __init__(self, params: TeacherParams):
         from transformers import GenerationConfig
 
-        from ooospec.runtime.models import load_target
+        from ooospec.runtime.backends.models import load_target
 
         self.model, self.tok = load_target(params.model, dtype=params.dtype, threads=params.threads)
         self.fmt = _format(params.format, self.tok)
@@ -207,8 +208,8 @@ class VLLMBackend:
         from vllm import LLM, SamplingParams  # GPU extra: pip install 'ooo-spec[gpu]'; CPU: eval/vllm/setup_cpu.sh
         from vllm.platforms import current_platform
 
-        from ooospec.runtime.hardware import available_cores, vllm_cpu_env
-        from ooospec.runtime.models import REGISTRY, fetch
+        from ooospec.runtime.backends.hardware import available_cores, vllm_cpu_env
+        from ooospec.runtime.backends.models import REGISTRY, fetch
 
         if current_platform.is_cpu():
             vllm_cpu_env(params.threads or available_cores(), kvcache_gb=params.vllm_kvcache_gb)
@@ -380,8 +381,7 @@ def _decode_into(params: TeacherParams, todo: list[dict], part: Path, expected: 
 
 
 
-def run(params: TeacherParams, records_path: Path, out_path: Path, *,
-        metrics_path: Path | None = Path("metrics/teacher.json"),
+def run(params: TeacherParams, records_path: Path, out_path: Path, *, metrics_path: Path | None,
         timings_path: Path | None = None) -> dict:
     """Decode every selected record (resuming ``<out>.partial``) and write the sorted traces; returns metrics."""
     read = load_records(records_path, params.on_reject, what="training records", knob="teacher.on_reject")

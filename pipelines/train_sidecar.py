@@ -58,12 +58,13 @@ from ooospec.pipelines.checkpoints import (
 from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
-from ooospec.pipelines.records import atomic_write_text, canonical_json, sha256_file, write_json
+from ooospec.pipelines.records import atomic_write_text, sha256_file, write_json
 from ooospec.pipelines.slot_rows import read_request_rows, rows_layout
 from ooospec.pipelines.tracking import configure_wandb
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.hardware import cpu_info, resolve_threads
+from ooospec.runtime.backends.hardware import cpu_info, resolve_threads
+from ooospec.runtime.calls import canonical_json
 from ooospec.runtime.paths import DEFAULT_RECIPE
+from ooospec.runtime.sidecar import prompts as sp
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def resolve_autocast(recipe: Recipe, threads: int) -> tuple[bool, str]:
         return False, "recipe: autocast none"
     if recipe.autocast == "bf16":
         return True, "recipe: autocast bf16"
-    from ooospec.runtime.hardware import resolve_dtype
+    from ooospec.runtime.backends.hardware import resolve_dtype
 
     dtype, why = resolve_dtype("auto", threads=threads)
     return dtype == "bf16", why
@@ -396,7 +397,7 @@ def write_outputs(trainer, tok, recipe: Recipe, params: TrainSidecarParams, metr
 
 def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:
     """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (the layout it learned,
-    :func:`~ooospec.runtime.sidecar_prompts.read_metadata` checks it: the layout of the rows it trained on; its
+    :func:`~ooospec.runtime.sidecar.prompts.read_metadata` checks it: the layout of the rows it trained on; its
     base)."""
     return {**sp.layout_metadata(metrics["layout_version"]), "base": recipe.base, "base_model_id": recipe.base_model_id,
             "lora_r": recipe.lora_r, "requests_trained": metrics["requests"]["trained"],

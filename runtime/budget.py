@@ -10,7 +10,7 @@ per second of forward time (:func:`choose_nodes`)::
     rate(k) = efficiency * (1 - p_tie) * (1 + sum of the k largest node probabilities) / T(1 + k)
 
 where the 1 is the bonus token every step commits, ``T`` is the measured forward cost
-(:mod:`ooospec.runtime.cost_model`), ``efficiency`` how trees have realized their plans so far (below), and
+(:mod:`ooospec.runtime.backends.cost_model`), ``efficiency`` how trees have realized their plans so far (below), and
 ``p_tie`` the observed rate of tree steps that stopped at a near-tie at the root and committed nothing (bf16/fp16
 and llama.cpp only, :mod:`ooospec.runtime.verify`; a root-only step never stops).
 ``k = 0`` is plain one-token decoding, so a step is only widened when the estimates say it pays: cheap trees where
@@ -56,7 +56,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.backends.cost_model import ForwardCost
 from ooospec.runtime.tree import DraftTree, build_tree, subtree
 from ooospec.runtime.verify import Accepted
 
@@ -74,7 +74,7 @@ class Proposal:
 
 
 def collect_proposals(drafters: Sequence, ctx, vocab_size: int, on_fault: Callable[[str, str], None]) -> list[Proposal]:
-    """Every drafter's candidates for ``ctx`` (a :class:`~ooospec.runtime.drafting.DraftContext`) as
+    """Every drafter's candidates for ``ctx`` (a :class:`~ooospec.runtime.drafters.base.DraftContext`) as
     :class:`Proposal` s, in drafter order, labelled ``name`` or ``name/kind`` (a drafter's ``proposal_kind``).
 
     A drafter can only change speed, never the output, and it cannot stop generation either: a drafter that raises,
@@ -83,7 +83,7 @@ def collect_proposals(drafters: Sequence, ctx, vocab_size: int, on_fault: Callab
     """
     proposals: list[Proposal] = []
     for drafter in drafters:
-        name = getattr(drafter, "name", type(drafter).__name__)
+        name = drafter.name
         try:
             cands = [tuple(int(t) for t in c) for c in drafter.propose(ctx)]
         except Exception as e:  # noqa: BLE001 - a broken drafter must not break decoding
@@ -93,7 +93,7 @@ def collect_proposals(drafters: Sequence, ctx, vocab_size: int, on_fault: Callab
         if len(valid) < len(cands):
             bad = next(c for c in cands if c not in valid)
             on_fault(name, f"proposed token ids outside [0, {vocab_size}) at step {ctx.step}: {bad[:20]}")
-        kind = getattr(drafter, "proposal_kind", None)      # a drafter may class its proposals (hints: by match)
+        kind = drafter.proposal_kind              # a drafter may class its proposals (hints: by match)
         label = f"{name}/{kind}" if kind else name
         proposals.extend(Proposal(label, rank, c) for rank, c in enumerate(valid) if c)
     return proposals

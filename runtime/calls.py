@@ -2,7 +2,7 @@
 
 Two strictnesses, one recursion (:func:`canonical_value`):
 
-* the **exact key** of a call (:func:`call_key`), what the speculative tool cache (:mod:`ooospec.runtime.tools`)
+* the **exact key** of a call (:func:`call_key`), what the speculative tool cache (:mod:`ooospec.runtime.agent.tools`)
   matches on: key order and JSON whitespace do not matter (the arguments are compared as parsed values, written
   with sorted keys), and neither do number forms (``5``, ``5.0`` and ``5e0`` are one number); strings are kept
   byte for byte, because ``"Paris"`` and ``"paris"`` may be different calls to a case-sensitive tool::
@@ -67,14 +67,14 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def compact_json(value: Any, *, allow_nan: bool = False) -> str:
+def compact_json(value: Any, *, allow_nan: bool = False, default: Callable[[Any], Any] | None = None) -> str:
     """The one compact serialization, of sidecar answers and of JSON-lines rows: ``{"a":[1,"é"]}`` (no spaces,
     keys in their given order).
 
     Raises ValueError for NaN / Infinity (not JSON), unless ``allow_nan`` writes them as ``NaN`` / ``Infinity``
-    (what Python's json reads back).
+    (what Python's json reads back). ``default``: :func:`json.dumps`'s, for values JSON has no type for.
     """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan, default=default)
 
 
 def canonical_calls(calls: list[dict]) -> str:

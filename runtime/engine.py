@@ -4,10 +4,10 @@ Whatever the drafters propose, the output equals plain greedy decoding of the ta
 (``tests/runtime/test_engine_exact.py`` checks this against HF ``generate(do_sample=False)``); drafters only
 change how many tokens each target forward commits.
 
-Public API (``model``: a transformers causal LM or any :class:`~ooospec.runtime.target.Target`)::
+Public API (``model``: a transformers causal LM or any :class:`~ooospec.runtime.backends.target.Target`)::
 
-    from ooospec.runtime.methods import make_engine, REGISTRY
-    engine = REGISTRY["pld"](model, eos_token_ids=[tok.eos_token_id])      # or make_engine(model, [d1, d2], ...)
+    from ooospec.runtime.decoding import build_engine, make_engine
+    engine = build_engine("pld", model, eos_token_ids=[tok.eos_token_id])  # or make_engine(model, [d1, d2], ...)
     result = engine.generate(input_ids, max_new_tokens=256, stop=None)    # input_ids: list[int] (rendered prompt)
     result.tokens        # list[int] generated tokens (EOS included when it stopped on EOS)
     result.n_forwards    # verification forwards (the prefill is not counted)
@@ -18,18 +18,18 @@ Public API (``model``: a transformers causal LM or any :class:`~ooospec.runtime.
 Which draft nodes a step verifies is the tree policy's choice: ``"budget"`` (default,
 :mod:`ooospec.runtime.budget`) picks the nodes that maximize expected committed tokens per second of forward
 time from each drafter's online acceptance (``engine.acceptance``, per drafter ``name``) and the target's measured
-forward cost (:mod:`ooospec.runtime.cost_model`, measured once per model/dtype/threads, cached); ``"fixed"``
+forward cost (:mod:`ooospec.runtime.backends.cost_model`, measured once per model/dtype/threads, cached); ``"fixed"``
 fills ``max_draft_nodes`` round-robin by rank (:func:`merge_candidates`).
 
 ``stop(generated_tokens) -> bool`` is called after every committed token (e.g. "the tool call is closed");
 generation ends right after the first token for which it returns True, exactly where plain decoding would end.
 
 The loop state: ``tokens`` = prompt + committed output; the target's KV cache
-(:class:`~ooospec.runtime.target.TargetCache`) holds all of them but the last, which is the root of the next tree.
-A step with a near-tie stop (see :mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token
+(:class:`~ooospec.runtime.backends.target.TargetCache`) holds all of them but the last, which is the root of the next
+tree. A step with a near-tie stop (see :mod:`ooospec.runtime.verify`) is followed by a root-only step, i.e. one-token
 decoding.
 
-Continuing from a cache (``generate(..., cache=kv)``; a session's, :mod:`ooospec.runtime.session`): the cache
+Continuing from a cache (``generate(..., cache=kv)``; a session's, :mod:`ooospec.runtime.agent.session`): the cache
 keeps the longest prefix of its token ids that the new prompt starts with and prefills only the rest, so a next
 turn whose prompt extends the last prompt + output costs only its new tokens. Still exact: the reused entries are
 those a full prefill of the same ids at the same positions would compute. On return the cache holds prompt +
@@ -44,10 +44,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from ooospec.runtime.backends.cost_model import ForwardCost, forward_cost
+from ooospec.runtime.backends.target import Target, TargetCache, as_target
 from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, collect_proposals, plan_tree
-from ooospec.runtime.cost_model import ForwardCost, forward_cost
-from ooospec.runtime.drafting import DraftContext, Drafter
-from ooospec.runtime.target import Target, TargetCache, as_target
+from ooospec.runtime.drafters.base import DraftContext, Drafter, Faults, observe_all
 from ooospec.runtime.tree import DraftTree, build_tree
 from ooospec.runtime.verify import Accepted, accept_greedy, top2_margins
 
@@ -120,15 +120,17 @@ class SpecEngine:
 
     Args:
         model: the target: a causal LM loaded with ``attn_implementation`` "sdpa" or "eager", in eval mode
-            (adapted by :func:`~ooospec.runtime.target.as_target`), or any :class:`~ooospec.runtime.target.Target`
-            (e.g. a :class:`~ooospec.runtime.llamacpp.LlamaCppTarget`).
-        drafters: objects following :class:`~ooospec.runtime.drafting.Drafter`; none = plain greedy decoding
+            (adapted by :func:`~ooospec.runtime.backends.target.as_target`), or any
+            :class:`~ooospec.runtime.backends.target.Target` (e.g. a
+            :class:`~ooospec.runtime.backends.llamacpp.LlamaCppTarget`).
+        drafters: objects following :class:`~ooospec.runtime.drafters.base.Drafter`; none = plain greedy decoding
             (one token per forward, through the same cache code).
         policy: ``"budget"`` (choose the tree for expected tokens per second) or ``"fixed"`` (fill the node budget).
         max_draft_nodes: the most draft nodes in a tree (root excluded): the budget under ``"fixed"``, a cap under
             ``"budget"``.
         max_depth: longest candidate kept.
-        cost: the target's forward cost for ``"budget"``; None = :func:`~ooospec.runtime.cost_model.forward_cost`
+        cost: the target's forward cost for ``"budget"``; None =
+        :func:`~ooospec.runtime.backends.cost_model.forward_cost`
             (measured on first use, cached on disk per model, dtype, threads and machine).
         acceptance: online acceptance estimates; pass one instance to several engines to share what they learn
             across requests. None = a fresh one for this engine (it still learns across this engine's calls).
@@ -169,9 +171,10 @@ class SpecEngine:
         self.record_margins = record_margins
         self.vocab_size = self.target.vocab_size
         self.kv = self.target.new_kv_cache()
-        self.drafter_faults: dict[str, int] = {}     # drafter name -> steps whose drafts were dropped
+        # drafter name -> steps whose drafts were dropped; the first of each name is a warning
+        self.drafter_faults = Faults(lambda message: warnings.warn(f"drafter {message}", stacklevel=4))
         for drafter in self.drafters:                  # first-token priors a drafter declares for its proposals
-            for label, p in (getattr(drafter, "priors", None) or {}).items():
+            for label, p in drafter.priors.items():
                 self.acceptance.set_prior(label, p)
 
     def propose(self, ctx: DraftContext) -> list[Proposal]:
@@ -181,7 +184,7 @@ class SpecEngine:
         raises, or proposes token ids outside the vocabulary, loses that step's candidates (counted in
         ``drafter_faults``, warned once per drafter) and the step goes on with the others.
         """
-        return collect_proposals(self.drafters, ctx, self.vocab_size, self._fault)
+        return collect_proposals(self.drafters, ctx, self.vocab_size, self.drafter_faults)
 
     def plan(self, root: int, proposals: Sequence[Proposal]) -> tuple[DraftTree, int]:
         """The tree to verify (chosen by the budget policy, or the fixed budget filled round-robin by rank) and
@@ -195,11 +198,6 @@ class SpecEngine:
             per_drafter.setdefault(p.drafter, []).append(p.tokens)
         merged = merge_candidates(list(per_drafter.values()))
         return build_tree(root, merged, self.max_draft_nodes, self.max_depth), full.num_nodes - 1
-
-    def _fault(self, name: str, what: str) -> None:
-        if name not in self.drafter_faults:
-            warnings.warn(f"drafter {name!r} {what}; its drafts are ignored (output unaffected)", stacklevel=3)
-        self.drafter_faults[name] = self.drafter_faults.get(name, 0) + 1
 
     def _stop_reason(self, generated: list[int], max_new_tokens: int, stop) -> StopReason | None:
         if generated[-1] in self.eos_token_ids:
@@ -308,11 +306,5 @@ class SpecEngine:
         return len(acc.new_tokens)
 
     def _observe(self, prompt: list[int], generated: list[int]) -> None:
-        """Show the finished call to every drafter that learns from one (a failing hook is a fault, not an error)."""
-        for drafter in self.drafters:
-            observe = getattr(drafter, "observe", None)
-            if observe is not None:
-                try:
-                    observe(prompt, generated)
-                except Exception as e:  # noqa: BLE001
-                    self._fault(getattr(drafter, "name", type(drafter).__name__), f"observe raised {e!r}")
+        """Show the finished call to every drafter (a failing hook is a fault, not an error)."""
+        observe_all(self.drafters, prompt, generated, self.drafter_faults)

@@ -3,9 +3,9 @@
 Engine methods (drafters verified by the tree engine; output = greedy output of the target, token for token)::
 
     ar              no drafter: one token per forward, through the same KV-cache code (the exactness reference)
-    pld             prompt-lookup n-gram drafter (:mod:`ooospec.runtime.pld`)
+    pld             prompt-lookup n-gram drafter (:mod:`ooospec.runtime.drafters.pld`)
     toolspec        schema FSM of the request's tools + retrieval of earlier calls + prompt lookup
-    ooospec         toolspec + sidecar hints (:mod:`ooospec.runtime.hints`), sent at the request's arrival
+    ooospec         toolspec + sidecar hints (:mod:`ooospec.runtime.drafters.hints`), sent at the request's arrival
     ooospec-gold    toolspec + the gold call as hints at time zero (bench only: a ceiling of hints)
     ooospec-oracle  toolspec + the target's own greedy call (``ar``'s output) as hints at time zero (bench only:
                     the ceiling of what any sidecar's hints can give; gold can differ from what the target writes)
@@ -25,40 +25,23 @@ model, ``suffix``: vLLM's suffix tree); the peer that drafts nothing is its back
 
 Hints come from a hint source (:data:`HINT_SOURCES`): ``sidecar`` (a running sidecar's call, sent at the request's
 arrival), ``gold`` (the record's gold call) or ``oracle`` (the call ``ar`` wrote for the request), the last two at
-time zero. Where the sidecar runs is a deployment (:mod:`ooospec.runtime.deployments`). Code that needs one method
-by its role names it through :data:`BASELINE`, :data:`TOOLSPEC` or :data:`OOOSPEC`; everything else is a query of
+time zero. Where the sidecar runs is a deployment (:mod:`ooospec.runtime.sidecar.deployments`). Code that needs one
+method by its role names it through :data:`BASELINE`, :data:`TOOLSPEC` or :data:`OOOSPEC`; everything else is a query of
 the registry (``method.uses_sidecar``, :func:`peers_of`, ...), so a method, hint source or deployment name is
-spelled here and in :mod:`~ooospec.runtime.deployments` only.
+spelled here and in :mod:`~ooospec.runtime.sidecar.deployments` only.
 
-One request at a time, a method is driven by a :class:`RequestDecoder`: it builds the request's engine (the FSM
-depends on the request's tools) and carries what a long-lived server learns across requests (acceptance
-estimates, the retrieval bank, the previous output the next FSM observes)::
-
-    decoder = RequestDecoder("toolspec", model, eos_token_ids=[tok.eos_token_id])
-    out = decoder.engine(tok, fmt, tools).generate(ids, 256)
-    decoder.observe(ids, out.tokens)
-
-Request-independent engine methods are also callable directly: ``REGISTRY["pld"](model, **engine_kwargs)`` is a
-:class:`~ooospec.runtime.engine.SpecEngine`. ``engine_kwargs`` are SpecEngine keywords (``policy``,
-``max_draft_nodes``, ``max_depth``, ``cost``, ``acceptance``, ``tie_margin``, ``eos_token_ids``,
-``record_margins``). Each step the budget policy (:mod:`ooospec.runtime.budget`) picks, from all drafters'
-candidates, the nodes that maximize expected committed tokens per second of forward time (``policy="fixed"``:
-merge round-robin by rank and fill ``max_draft_nodes``).
+How a method's engine is built (its drafters, one engine per request or per stream) is
+:mod:`ooospec.runtime.decoding`'s; this module is the table only and imports no other runtime module (the
+backends' names aside).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:   # the registry itself stays torch-free: CLIs read their choices from it
-    from transformers import PreTrainedModel
-
-    from ooospec.runtime.budget import AcceptanceStats
-    from ooospec.runtime.drafting import Drafter
-    from ooospec.runtime.engine import SpecEngine
-    from ooospec.runtime.target import Target
+from ooospec.runtime.backends import ENGINE_BACKENDS
 
 DrafterName = Literal["fsm", "hints", "retrieval", "pld", "assistant", "suffix"]
 Backend = Literal["hf", "llama.cpp", "vllm"]
@@ -83,13 +66,6 @@ HINT_SOURCES: dict[str, HintSource] = {h.name: h for h in (
 )}
 
 
-def make_engine(model: Target | PreTrainedModel, drafters: Sequence[Drafter], **engine_kwargs) -> SpecEngine:
-    """An engine verifying the union of ``drafters``' candidates (in this order of priority)."""
-    from ooospec.runtime.engine import SpecEngine
-
-    return SpecEngine(model, drafters, **engine_kwargs)
-
-
 @dataclass(frozen=True)
 class Method:
     """One decoding method: what it is built from, and where it is offered.
@@ -104,7 +80,7 @@ class Method:
         vllm: an engine method ``ooospec vllm-bench`` also runs inside vLLM (drafts as a proposer, no tree policy).
         prefill_only: a peer that decodes one token: it times the prompt's forward, which no drafter shortens
             (reports show it as a column, not a method).
-        deployment: where its sidecar runs when the method fixes it (a :data:`~ooospec.runtime.deployments.
+        deployment: where its sidecar runs when the method fixes it (a :data:`~ooospec.runtime.sidecar.deployments.
             DEPLOYMENTS` name; ``ooospec-dedicated``: the emulated device of its own); None: the run's.
     """
 
@@ -130,7 +106,7 @@ class Method:
 
     @property
     def takes_hints(self) -> bool:
-        """Whether it drafts from hints (a :class:`~ooospec.runtime.hints.CallGuess` of the request's call)."""
+        """Whether it drafts from hints (a :class:`~ooospec.runtime.drafters.hints.CallGuess` of the request's call)."""
         return "hints" in self.drafters
 
     @property
@@ -147,15 +123,6 @@ class Method:
 
     def engine_kwargs(self) -> dict:
         return {"policy": "fixed", "max_draft_nodes": self.fixed_nodes} if self.fixed_nodes else {}
-
-    def __call__(self, model: Target | PreTrainedModel, **engine_kwargs) -> SpecEngine:
-        """The engine of a request-independent method (``ar``, ``pld``, ``pld-fixed``)."""
-        if not self.is_engine or self.per_request:
-            raise ValueError(f"method {self.name!r} is built per request: use RequestDecoder({self.name!r}, model)")
-        from ooospec.runtime.pld import PromptLookupDrafter
-
-        drafters = [PromptLookupDrafter()] if "pld" in self.drafters else []
-        return make_engine(model, drafters, **{**self.engine_kwargs(), **engine_kwargs})
 
 
 _TOOLSPEC: tuple[DrafterName, ...] = ("fsm", "retrieval", "pld")
@@ -194,7 +161,7 @@ SERVED: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.served)
 ENGINE_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.is_engine)
 HINT_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.hints)
 # what ``ooospec bench`` runs: our engine methods and the transformers / llama.cpp peers
-BENCH_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.peer in (None, "hf", "llama.cpp"))
+BENCH_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.peer in (None, *ENGINE_BACKENDS))
 # what ``ooospec vllm-bench`` runs: vLLM's own methods and ours inside vLLM
 VLLM_BENCH_METHODS: tuple[str, ...] = tuple(n for n, m in REGISTRY.items() if m.peer == "vllm" or m.vllm)
 # backend -> its stock greedy peer (the reference every example runs)
@@ -243,81 +210,3 @@ def get_method(name: str | Method, *, served: bool = False) -> Method:
     if name not in known:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(known)}")
     return REGISTRY[name]
-
-
-class RequestDecoder:
-    """One engine method serving a stream of requests (the bench, the chat server and the agent loop use it).
-
-    :meth:`engine` builds the request's engine: request-independent methods reuse one engine; ToolSpec and
-    OoO-Spec build the schema FSM of the request's tools and put the request's hint drafter (if any) right after
-    it. The acceptance estimates, the retrieval bank and the PLD are one object each for the whole stream, and
-    each new FSM first observes the previous request's output (:meth:`observe`). All learn only from outputs this
-    decoder produced, never from gold calls.
-    """
-
-    def __init__(self, method: str | Method, model: Target | PreTrainedModel, *,
-                 acceptance: AcceptanceStats | None = None, **engine_kwargs):
-        from ooospec.runtime.budget import AcceptanceStats
-
-        self.method = get_method(method)
-        if not self.method.is_engine:
-            raise ValueError(f"{self.method.name!r} is a peer, not an engine method")
-        self.model = model
-        self.acceptance = acceptance if acceptance is not None else AcceptanceStats()
-        self.engine_kwargs = {**self.method.engine_kwargs(), **engine_kwargs, "acceptance": self.acceptance}
-        self.toolspec = ToolSpecDrafters() if self.method.per_request else None
-        self._engine: SpecEngine | None = None
-
-    def engine(self, tokenizer=None, fmt=None, tools: Sequence[dict] = (),
-               hints: Drafter | None = None) -> SpecEngine:
-        """The engine for one request with ``tools`` (``hints``: its hint drafter, used by hint methods only)."""
-        if self.toolspec is None:
-            if self._engine is None:
-                self._engine = self.method(self.model, **self.engine_kwargs)
-            return self._engine
-        hints = hints if self.method.takes_hints else None
-        return make_engine(self.model, self.toolspec.for_request(tokenizer, fmt, list(tools), hints),
-                           **self.engine_kwargs)
-
-    def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """The request just served (the next request's FSM observes it)."""
-        if self.toolspec is not None:
-            self.toolspec.observe(prompt, output)
-
-
-class ToolSpecDrafters:
-    """ToolSpec's drafters for a stream of requests, in priority order: the schema FSM of the request's tools,
-    sidecar hints (when given), retrieval of earlier calls, prompt lookup.
-
-    The FSM depends on the request's tools, so it is built per request (:meth:`for_request`, building the grammar
-    is part of serving that request). What a long-lived drafter would have learnt carries over: one retrieval bank
-    and one PLD for all requests, and each new FSM first observes the previous request's output (how this target
-    opens its calls). Learns only from outputs the target produced (:meth:`observe`), never from gold calls::
-
-        drafters = ToolSpecDrafters()
-        engine = make_engine(model, drafters.for_request(tok, fmt, tools), eos_token_ids=[tok.eos_token_id])
-        out = engine.generate(ids, 256)
-        drafters.observe(ids, out.tokens)
-    """
-
-    def __init__(self) -> None:
-        from ooospec.runtime.pld import PromptLookupDrafter
-        from ooospec.runtime.retrieval import RetrievalDrafter
-
-        self.retriever = RetrievalDrafter()
-        self.pld = PromptLookupDrafter()
-        self._last: list[tuple[list[int], list[int]]] = []   # [(prompt, output)] of the previous request
-
-    def for_request(self, tokenizer, fmt, tools: list[dict], hints: Drafter | None = None) -> list[Drafter]:
-        """The drafters for one request with ``tools`` (``hints``: e.g. a
-        :class:`~ooospec.runtime.hints.HintDrafter`)."""
-        from ooospec.runtime.schema_fsm import SchemaFSMDrafter
-
-        fsm = SchemaFSMDrafter(tokenizer, fmt, tools)
-        for prompt, output in self._last:
-            fsm.observe(prompt, output)
-        return [fsm] + ([hints] if hints is not None else []) + [self.retriever, self.pld]
-
-    def observe(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """The request just served: the next request's FSM observes it."""
-        self._last[:] = [(list(prompt), list(output))]

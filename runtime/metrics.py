@@ -11,8 +11,9 @@
   median of the per-request ratios.
 * **Mean tree size**: query tokens per verification forward, root included (1.0 for plain decoding).
 
-The roofline (how far a run is from what the hardware allows; :mod:`ooospec.runtime.cost_model` gives the
-model's :class:`~ooospec.runtime.cost_model.Footprint`, :mod:`ooospec.runtime.hardware` the machine's roofs):
+The roofline (how far a run is from what the hardware allows; :mod:`ooospec.runtime.backends.cost_model` gives the
+model's :class:`~ooospec.runtime.backends.cost_model.Footprint`, :mod:`ooospec.runtime.backends.hardware` the machine's
+roofs):
 
 * **Prefill FLOPs** of ``T`` prompt tokens: ``2 * body_params * T`` (every linear layer below the head) +
   ``2 * head_params`` (logits of the last token only) + ``2 * num_layers * T^2 * attn_dim`` (QK^T and AV over
@@ -41,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:   # annotations only: the metrics stay importable without torch (pipelines use them)
-    from ooospec.runtime.cost_model import Footprint
+    from ooospec.runtime.backends.cost_model import Footprint
     from ooospec.runtime.engine import GenerationResult
 
 

@@ -38,6 +38,8 @@ import regex
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from ooospec.runtime.calls import compact_json
+
 MAX_REF_HOPS = 16           # a chain of $ref longer than this (or a cycle) reads as "anything"
 MAX_VIEW_DEPTH = 8          # anyOf / items nesting a view or `admitted` follows
 MAX_JSON_DEPTH = 64         # nesting accepted in schemas and values that get validated
@@ -194,8 +196,9 @@ def types(schema: Any) -> list[str]:
 
 
 def _compact(value: Any) -> str:
+    """:func:`~ooospec.runtime.calls.compact_json`, or ``?`` for what JSON cannot hold."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return compact_json(value)
     except (TypeError, ValueError, RecursionError):
         return "?"
 

@@ -36,8 +36,9 @@ query's position (``pos_q - pos_k >= W``), matching ``transformers.masking_utils
 Forests
 -------
 A :class:`Forest` is several branches on ONE shared block, each feeding a tree on top of its own history: one
-forward of the sidecar's wave (every branch answers one slot query; :func:`ooospec.runtime.sidecar.decode_branches`)
-and one packed training sequence (every segment is a chain after the block; :mod:`ooospec.pipelines.packing`).
+forward of the sidecar's wave (every branch answers one slot query;
+:func:`ooospec.runtime.sidecar.wave.decode_branches`) and one packed training sequence (every segment is a chain after
+the block; :mod:`ooospec.pipelines.packing`).
 :func:`forest_positions` and :func:`forest_visibility` give both the same positions and the same visibility.
 """
 

@@ -57,7 +57,7 @@ TIE_MARGINS = {torch.bfloat16: 0.25, torch.float16: 0.03}
 
 def default_tie_margin(dtype: torch.dtype) -> float:
     """The ``tie_margin`` to use for a transformers model of ``dtype``: 0 (exact arithmetic is stable enough) for
-    fp32/fp64. A target's own is :attr:`~ooospec.runtime.target.Target.tie_margin`."""
+    fp32/fp64. A target's own is :attr:`~ooospec.runtime.backends.target.Target.tie_margin`."""
     return TIE_MARGINS.get(dtype, 0.0)
 
 

@@ -1,4 +1,4 @@
-"""Fuzz suite (issue 12): hypothesis against everything that reads input written by users, the web or a model.
+"""Fuzz suite: hypothesis against everything that reads input written by users, the web or a model.
 
 Areas: random JSON Schemas (draft 2020-12 features real tools use, plus malformed ones) x the schema FSM with a real
 byte-level BPE tokenizer; the tool-call parsers; the sidecar prompt builder and answer parsers; record loading, and
@@ -34,10 +34,11 @@ from ooospec.eval import bench_data
 from ooospec.pipelines import dedupe, eval_sidecar, normalize
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.drafting import DraftContext
+from ooospec.runtime.drafters.base import DraftContext
+from ooospec.runtime.drafters.schema_fsm import SchemaFSMDrafter
 from ooospec.runtime.formats import hermes, llama3_json, parse_any, plain_json
-from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.tokens import common_prefix_len
 
 STEP_S = 2.0  # time bound of any single call (they take milliseconds; CI machines are small and shared)
 FORMATS = [hermes, plain_json, llama3_json]
@@ -209,13 +210,6 @@ def layouts(fmt, call) -> list[str]:
             "```json\n" + json.dumps(body, ensure_ascii=False, indent=2) + "\n```"]
 
 
-def common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 # ------------------------------------------------------------------------------------------- schema FSM
 
 
@@ -229,7 +223,7 @@ def test_fsm_drafts_never_contradict_a_valid_call(real_bpe, data, fmt, layout):
         drafts = timed(drafter.propose_text, gold[:i])
         assert all(isinstance(d, str) and d for d in drafts)
         if drafts:
-            agree = max(common_prefix(d, gold[i:]) for d in drafts)
+            agree = max(common_prefix_len(d, gold[i:]) for d in drafts)
             assert agree >= 1, (gold[:i], gold[i:i + 20], drafts[:4])
     # token level, with the real BPE: drafts are valid ids and decode to text continuing the committed text
     prompt = real_bpe.encode("<|im_start|>assistant\n", add_special_tokens=False)
@@ -318,7 +312,7 @@ ANSWERS = st.one_of(JUNK, st.builds(json.dumps, JSON),
                                          max_size=4), direct=st.booleans())
 def test_sidecar_wave_never_raises(messages, tools, direct):
     wave = timed(sp.build_wave, messages, tools, (), direct)
-    named = [t for t in tools if sp.tool_name(t) is not None]
+    named = [t for t in tools if schemas.tool_name(t) is not None]
     assert len(wave.queries) == 1 + sum(len(sp.tool_parameters(t)) for t in named) + direct
     assert all(p.startswith(wave.block) for p in wave.prompts())
 
@@ -370,12 +364,12 @@ def test_sidecar_parsers_raise_only_value_error(answer, num_tools, value, index,
        direct=st.none() | ANSWERS)
 def test_join_slots_returns_json_or_none(data, index, answers, direct):
     tools, _ = data
-    slots = [(sp.tool_name(t), p) for t in tools if sp.tool_name(t) for p in sp.tool_parameters(t)]
+    slots = [(schemas.tool_name(t), p) for t in tools if schemas.tool_name(t) for p in sp.tool_parameters(t)]
     texts = dict(zip(slots, answers))
     call = timed(sp.join_slots, tools, index, texts, direct)
     if call is not None:
         json.dumps(call, allow_nan=False)
-        declared = {p for t in tools if sp.tool_name(t) == call["name"] for p in sp.tool_parameters(t)}
+        declared = {p for t in tools if schemas.tool_name(t) == call["name"] for p in sp.tool_parameters(t)}
         assert set(call["arguments"]) <= declared
 
 

@@ -13,13 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 from ooospec import cli
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime import sidecar_waves as sw
+from ooospec.runtime import schemas
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.sidecar import Sidecar
-from ooospec.runtime.sidecar_client import SidecarClient
-from ooospec.runtime.sidecar_process import health, launch_sidecar
-from ooospec.runtime.wave_gate import query_name
+from ooospec.runtime.sidecar import engines
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar import protocol as sw
+from ooospec.runtime.sidecar.client import SidecarClient
+from ooospec.runtime.sidecar.gate import query_name
+from ooospec.runtime.sidecar.process import health, launch_sidecar
+from ooospec.runtime.sidecar.wave import Sidecar
 from ooospec.sidecar_cli import cost_line, predict_records
 from tests.pipelines.sidecar_tiny import byte_tokenizer, save_tiny_base, tiny_llama
 from tests.runtime.sidecar_servers import MESSAGES
@@ -79,7 +81,7 @@ def test_predict_with_warm_tools_starts_each_wave_from_its_toolbox(adapter, tmp_
     sidecar = Sidecar.from_adapter(adapter, threads=1)
     assert sidecar.layout == 3
     cold = list(predict_records(sidecar, records))
-    from ooospec.runtime.session import PrefixCache
+    from ooospec.runtime.agent.session import PrefixCache
 
     sidecar.prefix_cache = PrefixCache(max_tokens=50_000)
     warm = list(predict_records(sidecar, records, warm_tools=True))
@@ -192,7 +194,7 @@ def test_predict_cli_passes_wave_and_engine(monkeypatch, tmp_path, capsys):
         made.append(kw)
         return FakeSidecar()
 
-    monkeypatch.setattr(Sidecar, "from_adapter", from_adapter)
+    monkeypatch.setattr(engines, "load_sidecar", from_adapter)
     out = tmp_path / "p.jsonl"
     base = ["sidecar", "predict", "--adapter", str(tmp_path), "--dataset", str(RECORDS), "--out", str(out),
             "--limit", "2"]
@@ -219,9 +221,9 @@ def test_serve_cli_passes_the_engine(monkeypatch):
 
 def test_the_cli_offers_the_runtimes_engines():
     from ooospec import sidecar_cli
-    from ooospec.runtime.sidecar import ENGINE_CHOICES
+    from ooospec.runtime.sidecar.engines import ENGINE_CHOICES
 
-    assert sidecar_cli.ENGINE_CHOICES == ENGINE_CHOICES
+    assert sidecar_cli.ENGINE_CHOICES is ENGINE_CHOICES       # one spelling, read by the CLI without torch
 
 
 def test_predict_function_first_on_the_tiny_adapter(adapter, tmp_path):
@@ -231,7 +233,7 @@ def test_predict_function_first_on_the_tiny_adapter(adapter, tmp_path):
                      "--min-prob", "0"]) == 0
     records = [json.loads(line) for line in RECORDS.read_text().splitlines()][:2]
     for row, rec in zip((json.loads(line) for line in out.read_text().splitlines()), records):
-        names = [sp.tool_name(t) for t in rec["tools"]]
+        names = [schemas.tool_name(t) for t in rec["tools"]]
         second = sw.argument_wave(rec["messages"], rec["tools"], row["functions"], with_direct_call=True)
         assert 0 < row["index_s"] <= row["wave_s"] == pytest.approx(row["prefill_s"] + row["decode_s"])
         assert set(row["functions"]) <= set(names) and len(row["functions"]) <= 3

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ooospec import cli, sidecar_cli
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar import engines
+from ooospec.runtime.sidecar import prompts as sp
 
 RECORDS = Path(__file__).resolve().parent / "fixtures" / "train_records.jsonl"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
@@ -22,7 +22,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
 def _no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the sidecar must not load for a bad dataset")
-    monkeypatch.setattr(Sidecar, "from_adapter", classmethod(refuse))
+    monkeypatch.setattr(engines, "load_sidecar", refuse)
 
 
 @pytest.mark.parametrize("line, field", [
@@ -44,7 +44,7 @@ def test_a_malformed_line_is_one_line_naming_file_and_line(tmp_path, monkeypatch
 
 
 def test_a_failure_midway_leaves_nothing_partial(tmp_path, monkeypatch):
-    monkeypatch.setattr(Sidecar, "from_adapter", classmethod(lambda cls, *a, **k: object()))
+    monkeypatch.setattr(engines, "load_sidecar", lambda *a, **k: object())
 
     def predict_then_fail(sidecar, records, *options, **kw):
         yield {"id": records[0]["id"]}

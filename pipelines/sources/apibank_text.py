@@ -25,6 +25,7 @@ from typing import Any
 
 from ooospec.pipelines.records import tool
 from ooospec.pipelines.sources.pytypes import type_schema
+from ooospec.runtime.calls import compact_json
 
 _ARG_SPLIT_RE = re.compile(r",\s*(?=\w+\s*=)")
 _CALL_TEXT_RE = re.compile(r"^\s*(\w+)\s*\((.*)\)\s*$", re.DOTALL)
@@ -290,7 +291,7 @@ def result_content(val: Any) -> str:
     """Tool message content: strings as they are, everything else compact JSON."""
     if isinstance(val, str):
         return val
-    return json.dumps(val, ensure_ascii=False, separators=(",", ":"), default=str)
+    return compact_json(val, allow_nan=True, default=str)
 
 
 def embedded_calls(text: str) -> tuple[str, list[ParsedCall]]:

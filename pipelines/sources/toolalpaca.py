@@ -9,7 +9,7 @@ Raw layout (``root`` = ``<datasets>/toolalpaca/raw``, datasets README §4 and §
 Each raw element is one API provider; it becomes one record per ``Instructions[i]``:
 
 * ``tools``: every function in ``Function_Description`` (not the ``components`` key). The tool name is
-  ``<API Name>.<Action>`` sanitized to an identifier (:func:`tool_name`:
+  ``<API Name>.<Action>`` sanitized to an identifier (:func:`action_function_name`:
   ``"Nager.Date" + "CountryCountryInfo"`` -> ``Nager_Date_CountryCountryInfo``, ``"Améthyste" +
   "generateAvatar"`` -> ``Amethyste_generateAvatar``); ``meta["functions"]`` maps it back to
   ``"<API Name>.<Action>"``. Parameters come from the ``Parameters: {...}`` JSON in the description text;
@@ -92,7 +92,7 @@ def sanitize(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]+", "_", ascii_text).strip("_")
 
 
-def tool_name(api: str, action: str) -> str:
+def action_function_name(api: str, action: str) -> str:
     """``<API Name>.<Action>`` as a valid identifier (a leading digit gets an ``api_`` prefix: ``1Forge``)."""
     name = sanitize(f"{api}.{action}")
     return f"api_{name}" if name[:1].isdigit() else name
@@ -257,7 +257,7 @@ def api_tools(api: dict) -> tuple[list[dict], dict[str, str], dict[str, dict]]:
         if not desc and action in projection:
             path, method = projection[action]
             desc = f"{method.upper()} {path}"
-        tname = tool_name(name, action)
+        tname = action_function_name(name, action)
         if tname in originals:
             raise SchemaParseError(f"tool name collision {tname!r}")
         originals[tname] = f"{name}.{action}"
@@ -274,7 +274,7 @@ def gold_steps(api_name: str, steps: list[dict],
     out_steps, recovered, coerced = [], [], []
     for si, st in enumerate(steps):
         action, optional = split_optional(st.get("Action", ""))
-        tname = tool_name(api_name, action) if action else ""
+        tname = action_function_name(api_name, action) if action else ""
         args, how = parse_action_input(st.get("Action_Input", ""))
         if args is None:
             out_steps.append({"name": tname, "arguments_raw": st.get("Action_Input", ""), "error": how})

@@ -11,6 +11,8 @@ Each format module has ``NAME``, ``call_prefix`` / ``call_suffix`` (the fixed te
 * ``is_complete(text) -> bool``: the end of the (first) call has been reached, the engine's stop predicate.
 
 The model family is picked from the chat template text (``detect_format``), never from a model name.
+
+May import: nothing else in ``runtime`` (formats are the bottom layer).
 """
 
 from __future__ import annotations

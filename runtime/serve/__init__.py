@@ -4,4 +4,6 @@
 ``chat_app``: the target's OpenAI-compatible ``/v1/chat/completions`` server with tools (``ooospec serve``).
 ``admission``: what one request may cost (body, lists, wave work, queue), checked before it runs; disconnects.
 ``http``: what both share (OpenAI-style errors, the loopback check, the uvicorn server config).
+
+May import: anything in ``runtime`` but vLLM; nothing in ``runtime`` imports the servers.
 """

@@ -9,7 +9,7 @@ Run it with ``ooospec serve --target NAME [--method toolspec|ooospec|ar] [--side
     r.choices[0].message.tool_calls[0].function   # name="get_weather", arguments='{"city": "Paris"}'
 
 A request takes ``messages`` (system / user / assistant with ``tool_calls`` / tool), ``tools``, ``tool_choice``
-(``"auto"``, ``"none"``, ``"required"`` or a named function, see :mod:`ooospec.runtime.chat`), ``max_tokens`` or
+(``"auto"``, ``"none"``, ``"required"`` or a named function, see :mod:`ooospec.runtime.agent.chat`), ``max_tokens`` or
 ``max_completion_tokens``, ``stream`` (+ ``stream_options.include_usage``). Decoding is greedy and exact:
 ``temperature`` above 0, ``n`` > 1, ``logprobs`` and ``stop`` are refused with 400. The answer has OpenAI's shape:
 ``choices[0].message`` with ``content`` or ``tool_calls`` (``[{"id", "type": "function", "function": {"name",
@@ -23,7 +23,7 @@ A client that goes away ends its generation at the next token, streamed or not; 
 grace period (``shutdown_grace_s``) is over.
 
 Sessions: requests are stateless as in OpenAI's API, and the server finds the conversation they continue by
-token prefix (:class:`~ooospec.runtime.session.SessionStore`): the next turn of a tool conversation prefills
+token prefix (:class:`~ooospec.runtime.agent.session.SessionStore`): the next turn of a tool conversation prefills
 only the new tokens; a new conversation with known system + tools starts from the prefix cache.
 
 Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` before any decoding, all answered with
@@ -49,7 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime.chat import ChatModel, ChatTurn, PreparedTurn
+from ooospec.runtime.agent.chat import ChatModel, ChatTurn, PreparedTurn
 from ooospec.runtime.serve.admission import TransportLimits, admitted, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 

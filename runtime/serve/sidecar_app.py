@@ -11,17 +11,17 @@ text), ``model`` (must be the served name, ``sidecar``). The response has the us
 "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``, plus an ``ooospec`` object with the wave's
 timings (``prefill_s``, ``decode_s``, ``n_forwards``, ``block_tokens``, ``query_tokens``, ``shared_block``,
 ``queue_s``, ``tokenize_s``) and its draft counts (``drafted``, ``accepted``: see
-:class:`~ooospec.runtime.sidecar.AnswerDrafter`).
+:class:`~ooospec.runtime.sidecar.wave.AnswerDrafter`).
 
-A wave's prompts (:func:`~ooospec.runtime.sidecar_prompts.build_wave`) are one shared block followed by a short
+A wave's prompts (:func:`~ooospec.runtime.sidecar.prompts.build_wave`) are one shared block followed by a short
 query line each. The server finds that block -- the prompts' common text prefix, cut back to its last ``"\\n"``
 (:func:`split_shared_block`) -- tokenizes the block once and each query apart, and decodes every answer as a
-branch of one pass (:func:`~ooospec.runtime.sidecar.decode_branches`): one prefill of the block instead of one
+branch of one pass (:func:`~ooospec.runtime.sidecar.wave.decode_branches`): one prefill of the block instead of one
 per prompt. Prompts without such a block (or whose split tokenization disagrees with tokenizing the whole
 prompt, see below) are tokenized whole and still answered exactly, sharing their common token prefix.
 
 Tokenization, and running the same client against vLLM: vLLM tokenizes each full prompt, this server tokenizes
-block and query apart (as training does, :func:`~ooospec.runtime.sidecar_prompts.encode_wave`). For the
+block and query apart (as training does, :func:`~ooospec.runtime.sidecar.prompts.encode_wave`). For the
 sidecar's prompts (every layout: the block ends with ``"\\n"``, the query starts with ``Query:``) the two agree on
 byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a
 newline and a following letter, and BPE merges never cross a split. The server checks this per request on the
@@ -33,7 +33,7 @@ adapter with vLLM::
     vllm serve BASE --enable-lora --lora-modules sidecar=DIR --enable-prefix-caching
 
 (``BASE`` = the adapter's base model, ``DIR`` = the adapter folder); the client
-(:mod:`ooospec.runtime.sidecar_client`) sends ``temperature: 0`` and ``add_special_tokens: false`` so that both
+(:mod:`ooospec.runtime.sidecar.client`) sends ``temperature: 0`` and ``add_special_tokens: false`` so that both
 servers see the prompts as training did.
 
 Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` before any forward, all answered with
@@ -59,11 +59,12 @@ import anyio
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.agent.session import PrefixCache
 from ooospec.runtime.serve.admission import TransportLimits, admitted, at_most, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
-from ooospec.runtime.session import PrefixCache
-from ooospec.runtime.sidecar import Sidecar, WaveCancelled, by_text
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.engines import load_sidecar
+from ooospec.runtime.sidecar.wave import Sidecar, WaveCancelled, by_text
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def complete(sidecar: Sidecar, prompts: Sequence[str], *, max_tokens: int, stop:
 
     Each choice's text equals greedy decoding of its prompt alone, cut after EOS, at ``max_tokens`` or at the
     first stop string. ``should_stop`` (polled before every forward) abandons the work with
-    :class:`~ooospec.runtime.sidecar.WaveCancelled`. ``logprobs`` (k > 0): each choice carries OpenAI's legacy
+    :class:`~ooospec.runtime.sidecar.wave.WaveCancelled`. ``logprobs`` (k > 0): each choice carries OpenAI's legacy
     ``logprobs`` object for its tokens (:func:`openai_logprobs`).
     """
     tok = sidecar.tokenizer
@@ -356,15 +357,15 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
           calibrate: bool = True, engine: str = "transformers") -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
 
-    ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.ENGINES`): ``transformers`` (the base
+    ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.wave.ENGINES`): ``transformers`` (the base
     dequantized, ``dtype``) or ``llama.cpp`` (the base's registry GGUF + the adapter as a llama.cpp LoRA; it keeps
     the last block in its KV instead of a prefix cache, so ``prefix_cache_tokens`` does not apply).
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
-    ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.session.PrefixCache`,
+    ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.agent.session.PrefixCache`,
     LRU; 0 = none): a tools-first adapter's wave then prefills only what follows the longest block prefix an
     earlier wave computed -- its conversation, once its toolbox has been seen.
-    ``calibrate``: before serving, time one synthetic wave (:func:`~ooospec.runtime.sidecar.measure_wave_cost`,
+    ``calibrate``: before serving, time one synthetic wave (:func:`~ooospec.runtime.sidecar.wave.measure_wave_cost`,
     a few seconds) and report it in ``/health`` as ``calibration``: clients' wave gates price waves with it.
     """
     import uvicorn
@@ -374,7 +375,7 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
     if not is_loopback(host):
         logger.warning("serving on %s: the sidecar server has no authentication; keep it on loopback "
                        "(127.0.0.1) unless the network is yours", host)
-    sidecar = Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype, engine=engine)
+    sidecar = load_sidecar(adapter_dir, threads=threads, dtype=dtype, engine=engine)
     if prefix_cache_tokens > 0 and sidecar.engine == "transformers":
         sidecar.prefix_cache = PrefixCache(max_tokens=prefix_cache_tokens)
     if calibrate:

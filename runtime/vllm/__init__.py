@@ -8,6 +8,9 @@
   and ``extra_args``.
 
 Importing this package does not import vLLM.
+
+May import: the drafters, the budget, ``methods``, ``decoding``, ``schemas``, ``formats`` and the sidecar
+(client, prompts, gate); nothing else in ``runtime`` imports it.
 """
 
 from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, candidate_tree, planned_probabilities
+from ooospec.runtime.tokens import common_prefix_len
 from ooospec.runtime.tree import DraftTree
 
 
@@ -93,17 +94,7 @@ def choose_chain(root: int, proposals: Sequence[Proposal], stats: AcceptanceStat
 def accepted_of(chain: Sequence[int], sampled: Sequence[int]) -> int:
     """How many of ``chain``'s drafts vLLM accepted, given the tokens it sampled for the request this step
     (the accepted drafts, then the target's own next token): their common prefix, at most ``len(sampled) - 1``."""
-    return common_prefix(chain, sampled[:-1])
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return common_prefix_len(chain, sampled[:-1])
 
 
 def chain_outcomes(chain: Sequence[int], proposals: Sequence[Proposal],
@@ -117,7 +108,7 @@ def chain_outcomes(chain: Sequence[int], proposals: Sequence[Proposal],
     """
     out = []
     for p in proposals:
-        on_chain = common_prefix(p.tokens, chain)
+        on_chain = common_prefix_len(p.tokens, chain)
         accepted = min(on_chain, n_accepted)
         trials = min(accepted + 1, on_chain)
         if trials:
@@ -134,7 +125,7 @@ def label_outcomes(chain: Sequence[int], proposals: Sequence[Proposal], n_accept
     """
     out: dict[str, tuple[int, int]] = {}
     for p in proposals:
-        on_chain = common_prefix(p.tokens, chain)
+        on_chain = common_prefix_len(p.tokens, chain)
         if on_chain > out.get(p.drafter, (0, 0))[0]:
             out[p.drafter] = (on_chain, min(on_chain, n_accepted))
     return out

@@ -5,7 +5,7 @@ registry method (:data:`~ooospec.runtime.methods.REGISTRY`: ``toolspec`` = schem
 retrieval of earlier calls + prompt lookup; ``ooospec`` adds the hint drafter), merges their candidates and picks
 the chain with :func:`~ooospec.runtime.vllm.chain.choose_chain`, then learns from what vLLM accepted. Hints come
 per request: a precomputed hint text (``ooospec_hint``), or a sidecar wave started at the request's first step
-through :class:`~ooospec.runtime.sidecar_client.SidecarClient` (never waited for; a dead sidecar proposes nothing).
+through :class:`~ooospec.runtime.sidecar.client.SidecarClient` (never waited for; a dead sidecar proposes nothing).
 
 :class:`OoOSpecProposer` is what vLLM builds for ``method: custom_class``; the plugin
 (:mod:`ooospec.runtime.vllm.plugin`) hands it the request ids, prompt lengths and ``extra_args`` each step::
@@ -52,9 +52,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, collect_proposals
-from ooospec.runtime.drafting import DraftContext
+from ooospec.runtime.drafters.base import DraftContext, Faults, observe_all
 from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
-from ooospec.runtime.sidecar_prompts import SERVED_NAME
+from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, label_outcomes, record_chain
 from ooospec.runtime.vllm.step_cost import StepClock, StepCost
@@ -62,7 +62,6 @@ from ooospec.runtime.vllm.step_cost import StepClock, StepCost
 logger = logging.getLogger(__name__)
 
 MAX_HISTORIES = 64          # drafter histories kept (least recently used dropped)
-MAX_FAULT_TEXT = 300        # characters of a fault's description in the log
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
 VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
@@ -80,11 +79,12 @@ class ProposerConfig:
         sidecar_layout: the prompt layout the adapter learned; None = ask the server (``/health``), and where it
             reports none (vLLM serving the adapter as a LoRA) the shipped adapter's layout.
         sidecar_wave: ``all`` (the index and every tool's arguments in one wave) or ``function-first`` (the index,
-            then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar_client.SidecarClient`).
+            then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar.client.SidecarClient`).
         sidecar_top_k: function-first's most candidate functions.
         sidecar_gate: ``off`` (every request's wave is sent) or the deployment the sidecar runs in
-            (:data:`~ooospec.runtime.deployments.SERVE_GATE_CHOICES`: ``shared`` = on the target's cores, ``split``,
-            ``remote``): each wave is sent, cut or skipped by a :class:`~ooospec.runtime.wave_gate.WaveGate` from
+            (:data:`~ooospec.runtime.sidecar.deployments.SERVE_GATE_CHOICES`: ``shared`` = on the target's cores,
+            ``split``,
+            ``remote``): each wave is sent, cut or skipped by a :class:`~ooospec.runtime.sidecar.gate.WaveGate` from
             that deployment's prior and the server's own calibration (``/health``). Inside vLLM the gate does not
             learn from outcomes (no per-step timings reach the proposer): it decides from the prior.
         chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`); with
@@ -116,7 +116,7 @@ class ProposerConfig:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
         if self.chain_pricing not in ("batch", "fixed"):
             raise ValueError(f"chain_pricing must be 'batch' or 'fixed', got {self.chain_pricing!r}")
-        from ooospec.runtime.deployments import SERVE_GATE_CHOICES
+        from ooospec.runtime.sidecar.deployments import SERVE_GATE_CHOICES
 
         if self.sidecar_gate not in SERVE_GATE_CHOICES:
             raise ValueError(f"sidecar_gate must be one of {SERVE_GATE_CHOICES}, got {self.sidecar_gate!r}")
@@ -136,7 +136,7 @@ class ProposerConfig:
 @dataclass
 class History:
     """What a stream of requests taught the drafters (one per ``ooospec_history``): the retrieval bank, prompt
-    lookup and the previous request's FSM (:class:`~ooospec.runtime.methods.ToolSpecDrafters`), and the drafters'
+    lookup and the previous request's FSM (:class:`~ooospec.runtime.decoding.ToolSpecDrafters`), and the drafters'
     acceptance estimates the chain choice prices drafts with."""
 
     drafters: object                          # a ToolSpecDrafters
@@ -183,14 +183,14 @@ class ChainProposer:
         vocab_size: drafts outside ``[0, vocab_size)`` are dropped.
         max_len: the longest chain (vLLM's ``num_speculative_tokens``).
         config: :class:`ProposerConfig`.
-        sidecar: a :class:`~ooospec.runtime.sidecar_client.SidecarClient` (None = built from ``config.sidecar_url``).
+        sidecar: a :class:`~ooospec.runtime.sidecar.client.SidecarClient` (None = built from ``config.sidecar_url``).
         clock: seconds, monotonic (when metrics are logged).
     """
 
     def __init__(self, tokenizer, *, vocab_size: int, max_len: int, fmt=None, config: ProposerConfig | None = None,
                  sidecar=None, clock: Callable[[], float] = time.monotonic):
+        from ooospec.runtime.decoding import ToolSpecDrafters
         from ooospec.runtime.formats import detect_format
-        from ooospec.runtime.methods import ToolSpecDrafters
 
         if max_len < 1:
             raise ValueError(f"max_len (num_speculative_tokens) must be >= 1, got {max_len}")
@@ -204,18 +204,18 @@ class ChainProposer:
         self.histories: OrderedDict[str, History] = OrderedDict({"": History(ToolSpecDrafters())})   # "": default
         self.sidecar = sidecar
         if self.sidecar is None and self.config.sidecar_url and self.method.takes_hints:
-            from ooospec.runtime.sidecar_client import SidecarClient, adapter_layout
+            from ooospec.runtime.sidecar.client import SidecarClient, adapter_layout
 
             self.sidecar = SidecarClient(self.config.sidecar_url, model=self.config.sidecar_model,
                                          layout=self.config.sidecar_layout, fallback_layout=adapter_layout(),
                                          wave=self.config.sidecar_wave, top_k=self.config.sidecar_top_k)
             if self.config.sidecar_gate != "off":
-                from ooospec.runtime.deployments import get_deployment
-                from ooospec.runtime.wave_gate import WaveGate
+                from ooospec.runtime.sidecar.deployments import get_deployment
+                from ooospec.runtime.sidecar.gate import WaveGate
 
                 self.sidecar.gate = WaveGate(get_deployment(self.config.sidecar_gate).prior)
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
-        self.faults: dict[str, int] = {}
+        self.faults = Faults(lambda message: logger.warning("ooospec %s", message))   # name -> count
         self.totals = {"requests": 0, "off": 0, "steps": 0, "drafted": 0, "accepted": 0}
         self.by_label: dict[str, list[int]] = {}     # drafter label -> [chain tokens proposed, accepted by vLLM]
         self.window = ChainWindow()
@@ -233,7 +233,7 @@ class ChainProposer:
         malformed is ignored and counted in :attr:`faults`; an opted-out request gets no drafters."""
         args = xargs.parse(extra)
         for key, why in args.faults:
-            self._fault(key, f"ignored for this request: {why}")
+            self.faults(key, f"ignored for this request: {why}")
         if args.off:
             state = RequestState(prompt_len=int(prompt_len), drafters=[], off=True)
             self.totals["off"] += 1
@@ -258,7 +258,7 @@ class ChainProposer:
             try:
                 drafters = toolspec.for_request(self.tokenizer, self.fmt, args.tools, hints)
             except Exception as e:  # noqa: BLE001 - tools the FSM cannot take cost the request its FSM only
-                self._fault("schema_fsm", f"not built for a request's tools: {type(e).__name__}: {e}")
+                self.faults("schema_fsm", f"not built for a request's tools: {type(e).__name__}: {e}")
         if drafters is None:    # no schema to follow: the request-independent drafters (and its hints)
             drafters = ([hints] if hints is not None else []) + [toolspec.retriever, toolspec.pld]
         return RequestState(prompt_len=prompt_len, drafters=drafters, hints=hints, history=history)
@@ -266,7 +266,7 @@ class ChainProposer:
     def _history(self, name: str) -> History:
         """History ``name`` (made on first use; the least recently used beyond :data:`MAX_HISTORIES` is dropped,
         never the default)."""
-        from ooospec.runtime.methods import ToolSpecDrafters
+        from ooospec.runtime.decoding import ToolSpecDrafters
 
         history = self.histories.get(name)
         if history is None:
@@ -282,20 +282,21 @@ class ChainProposer:
         return self.histories[""].acceptance
 
     def _hints(self, args: xargs.RequestArgs):
-        """The request's :class:`~ooospec.runtime.hints.HintDrafter` (None: no hints, or they did not build)."""
-        from ooospec.runtime.hints import HintDrafter
+        """The request's :class:`~ooospec.runtime.drafters.hints.HintDrafter` (None: no hints, or they did not
+        build)."""
+        from ooospec.runtime.drafters.hints import HintDrafter
 
         try:
             source = self._hint_source(args)
             return HintDrafter(source) if source is not None else None
         except Exception as e:  # noqa: BLE001 - hints that cannot be built leave the request as toolspec
-            self._fault("hints", f"not built: {type(e).__name__}: {e}")
+            self.faults("hints", f"not built: {type(e).__name__}: {e}")
             return None
 
     def _hint_source(self, args: xargs.RequestArgs):
         """The request's hints: its schedule, its ``ooospec_hint`` text at once, else a sidecar wave (None: no
         hints)."""
-        from ooospec.runtime.hints import HintBank, ScheduledBanks
+        from ooospec.runtime.drafters.hints import HintBank, ScheduledBanks
 
         if args.schedule is not None:
             return ScheduledBanks.from_calls(args.schedule, self.fmt, self.tokenizer)
@@ -309,7 +310,7 @@ class ChainProposer:
         try:
             return self.sidecar.submit(args.messages, args.tools, fmt=self.fmt, tokenizer=self.tokenizer)
         except Exception as e:  # noqa: BLE001 - a wave that cannot start leaves the request as toolspec
-            self._fault("sidecar", f"wave not started: {type(e).__name__}: {e}")
+            self.faults("sidecar", f"wave not started: {type(e).__name__}: {e}")
             return None
 
     def finish(self, req_id: str) -> None:
@@ -318,11 +319,7 @@ class ChainProposer:
         if state is None or state.off or len(state.tokens) <= state.prompt_len:
             return
         prompt, output = state.tokens[:state.prompt_len], state.tokens[state.prompt_len:]
-        for drafter in state.drafters:
-            try:
-                drafter.observe(prompt, output)
-            except Exception as e:  # noqa: BLE001
-                self._fault(getattr(drafter, "name", type(drafter).__name__), f"observe raised {e!r}")
+        observe_all(state.drafters, prompt, output, self.faults)
         state.history.drafters.observe(prompt, output)
 
     # ---------------------------------------------------------------------------------------------- steps
@@ -340,7 +337,7 @@ class ChainProposer:
         ctx = DraftContext(tuple(state.tokens), state.prompt_len, state.steps)
         if state.steps == 0:
             state.history.acceptance.start_request()
-        state.proposals = collect_proposals(state.drafters, ctx, self.vocab_size, self._fault)
+        state.proposals = collect_proposals(state.drafters, ctx, self.vocab_size, self.faults)
         state.chain = choose_chain(state.tokens[-1], state.proposals, state.history.acceptance, self.chain_cost(),
                                    min(self.max_len, room))
         state.steps += 1
@@ -368,12 +365,6 @@ class ChainProposer:
         state.accepted += n
         self.totals["accepted"] += n
         self.window.accepted += n
-
-    def _fault(self, name: str, what: str) -> None:
-        """Count a fault of ``name`` (a drafter, or an extra arg); the first one of each name is logged."""
-        if name not in self.faults:
-            logger.warning("ooospec %r %s; only drafts are lost (output unaffected)", name, what[:MAX_FAULT_TEXT])
-        self.faults[name] = self.faults.get(name, 0) + 1
 
     # ---------------------------------------------------------------------------------------------- metrics
 

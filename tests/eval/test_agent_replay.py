@@ -108,9 +108,9 @@ def test_gate_decisions_are_counted_per_latency_and_variant():
 def test_sidecar_speculator_with_the_gate_runs_every_variant():
     """The sidecar path of run_bench (a stand-in server, a gated client): every variant runs, the server is waited
     for between replays, each turn carries the gate's decision, and the texts are the same in every variant."""
-    from ooospec.runtime.deployments import SPLIT
-    from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.wave_gate import WaveGate
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.deployments import SPLIT
+    from ooospec.runtime.sidecar.gate import WaveGate
     from tests.runtime.sidecar_servers import StandIn
 
     model, tok = trained_chat_model()

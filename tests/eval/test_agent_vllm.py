@@ -13,8 +13,8 @@ import torch
 
 from ooospec.eval import agent_vllm
 from ooospec.eval.agent_replay import Dialogue, summarize
+from ooospec.runtime.drafters.hints import HintBank
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.hints import HintBank
 from tests.runtime.chat_tiny import CALL, RESULT, TOOLS, USER, trained_chat_model
 
 
@@ -61,7 +61,7 @@ def fake_vllm(monkeypatch):
     inputs.TokensPrompt = dict
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    from ooospec.runtime import sidecar_process
+    from ooospec.runtime.sidecar import process as sidecar_process
 
     monkeypatch.setattr(sidecar_process, "wait_idle", lambda url, *a, **k: 0.0)
     monkeypatch.setattr(sidecar_process, "reset_prefix_cache", lambda url, *a, **k: True)

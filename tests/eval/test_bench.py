@@ -16,9 +16,10 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from ooospec import cli
 from ooospec.eval import bench_data, bench_methods, harness, hint_sources, peers, summaries
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
-from ooospec.runtime import hardware, methods
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime import methods
+from ooospec.runtime.backends import hardware
 from ooospec.runtime.formats import detect_format
+from ooospec.runtime.sidecar import prompts as sp
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 # Mentions <tool_call> (-> hermes format) and renders `tools` (-> the template's own tool path).
@@ -398,7 +399,7 @@ def test_the_oracle_bank_is_built_from_ar_calls_not_gold():
     """The oracle hints with the call the target wrote (Paris), never with the record's gold call (Oslo)."""
     from ooospec.eval.method_api import BenchContext
     from ooospec.eval.ooospec_method import OracleHints
-    from ooospec.runtime.hints import HintBank
+    from ooospec.runtime.drafters.hints import HintBank
 
     model, tok, records = float64_bench("trained")
     rec = records[0]
@@ -442,8 +443,8 @@ def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
 @pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
 def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
     from ooospec.eval.ooospec_method import SidecarHints
-    from ooospec.runtime.deployments import DEPLOYMENTS
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
     from tests.runtime.sidecar_servers import StandIn
 
     model, tok = target
@@ -605,11 +606,11 @@ def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, result
     """--warm-tools with a real sidecar server (tiny model, tools-first layout, block KV cache): each request's
     toolbox is prefilled untimed, so its wave starts from it; the target's tokens stay ar's."""
     from ooospec.eval.ooospec_method import SidecarHints
-    from ooospec.runtime.deployments import DEPLOYMENTS
+    from ooospec.runtime.agent.session import PrefixCache
     from ooospec.runtime.serve.sidecar_app import create_app
-    from ooospec.runtime.session import PrefixCache
-    from ooospec.runtime.sidecar import Sidecar
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+    from ooospec.runtime.sidecar.wave import Sidecar
     from tests.runtime.conftest import tiny_model
     from tests.runtime.sidecar_servers import running_app
 
@@ -702,7 +703,7 @@ def test_released_guess_replays_each_bank_at_its_measured_latency():
     import time
 
     from ooospec.eval.ooospec_method import ReleasedGuess
-    from ooospec.runtime.hints import HintBank
+    from ooospec.runtime.drafters.hints import HintBank
 
     early, final = HintBank({"v": [1, 2]}), HintBank({"v": [1, 2, 3]})
 
@@ -722,10 +723,10 @@ def test_released_guess_replays_each_bank_at_its_measured_latency():
 
 def test_the_dedicated_emulation_times_the_wave_alone_and_keeps_the_output(target, results):
     from ooospec.eval.ooospec_method import SidecarHints
-    from ooospec.runtime.deployments import DEPLOYMENTS
     from ooospec.runtime.serve.sidecar_app import create_app
-    from ooospec.runtime.sidecar import Sidecar
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+    from ooospec.runtime.sidecar.wave import Sidecar
     from tests.runtime.conftest import tiny_model
     from tests.runtime.sidecar_servers import running_app
 

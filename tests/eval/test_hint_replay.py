@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ooospec.eval.hint_replay import Summary, bank_of, main, replay, replay_report, source_calls, to_markdown
+from ooospec.runtime.drafters.hints import HintBank
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.hints import HintBank
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ooospec.eval import sidecar_engines as se
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import prompts as sp
 from tests.runtime.test_sidecar_prompts import MESSAGES, TIME, WEATHER
 
 TOOLS = [WEATHER, TIME]

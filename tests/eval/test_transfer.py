@@ -105,7 +105,7 @@ def test_target_summary_and_metrics(stage):
 def test_rerun_of_a_complete_cell_measures_nothing(stage, monkeypatch):
     out, params, results = stage
     monkeypatch.setattr(harness, "run_bench", lambda *a, **k: pytest.fail("a complete cell was measured again"))
-    monkeypatch.setattr("ooospec.runtime.models.load_target", lambda *a, **k: pytest.fail("target loaded"))
+    monkeypatch.setattr("ooospec.runtime.backends.models.load_target", lambda *a, **k: pytest.fail("target loaded"))
     again = transfer.run(params, out / "data", out / "report2", out / "metrics2.json")
     assert again["cells"][0]["examples"] == results["cells"][0]["examples"]
 
@@ -114,7 +114,7 @@ def test_rerun_of_a_complete_cell_measures_nothing(stage, monkeypatch):
 
 
 def _cell_inputs(tiny_target, limit):
-    from ooospec.runtime.models import load_target
+    from ooospec.runtime.backends.models import load_target
 
     model, tok = load_target(str(tiny_target), dtype="fp32")
     fmt = detect_format(tok)

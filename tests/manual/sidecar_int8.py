@@ -20,8 +20,8 @@ import warnings
 
 import torch
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.wave import Sidecar
 
 VARIANTS = ("bf16", "bf16+int8-weight-only", "fp32+int8-dynamic")
 

@@ -98,7 +98,7 @@ def imported_names(name: str, path: Path, top: str = "ooospec",
                    commands: dict[str, str] | None = None) -> set[str]:
     """Absolute names of every module (or module attribute) ``path`` imports, wherever the import statement is.
 
-    ``from ooospec.runtime import sidecar_prompts`` gives ``ooospec.runtime`` and ``ooospec.runtime.sidecar_prompts``
+    ``from ooospec.runtime import sidecar_prompts`` gives ``ooospec.runtime`` and ``ooospec.runtime.sidecar.prompts``
     (the second is kept only if it is a module); ``from . import x`` inside ``ooospec.pipelines.sources`` gives
     ``ooospec.pipelines.sources`` and ``ooospec.pipelines.sources.x``. A string literal naming a module of the
     package ``top`` (``"ooospec.pipelines.sources.apibank"``) counts as an import of it. Imports under
@@ -212,9 +212,9 @@ def test_a_folder_dep_covers_the_files_below_it():
 
 def test_the_package_maps_to_its_folders():
     dirs = package_dirs()
-    assert module_file("ooospec.runtime.sidecar_prompts", dirs) == ROOT / "runtime" / "sidecar_prompts.py"
+    assert module_file("ooospec.runtime.sidecar.prompts", dirs) == ROOT / "runtime" / "sidecar" / "prompts.py"
     assert module_file("ooospec.runtime.formats", dirs) == ROOT / "runtime" / "formats" / "__init__.py"
-    assert module_file("ooospec.runtime.sidecar_prompts.FORMS", dirs) is None
+    assert module_file("ooospec.runtime.sidecar.prompts.FORMS", dirs) is None
     assert ROOT / "pipelines" / "params.py" in import_closure("ooospec.pipelines.train_sidecar", dirs)
 
 
@@ -243,7 +243,7 @@ CODE_FOLDERS = ("pipelines/", "runtime/", "eval/", "ooospec/")
 
 def _is_code_dep(dep: str) -> bool:
     """A dep on the package's code: a ``.py`` file, or a folder holding some, under one of the package folders."""
-    if not dep.startswith(CODE_FOLDERS):
+    if not (dep + "/").startswith(CODE_FOLDERS):
         return False
     path = ROOT / dep
     return dep.endswith(".py") or (path.is_dir() and any(path.rglob("*.py")))
@@ -259,8 +259,10 @@ def test_stage_has_no_code_deps_it_does_not_import(address, modules, deps):
                        "deps:\n  " + "\n  ".join(extra))
 
 
-def _stage_outputs(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
-    """``(stage address, cmd, outs and metrics relative to the stage's wdir)`` of every stage of every dvc.yaml."""
+def _stage_paths(root: Path = ROOT) -> list[tuple[str, str, list[str], list[str]]]:
+    """``(stage address, cmd, outs and metrics, data deps)`` of every stage of every dvc.yaml, paths relative to the
+    stage's wdir; data deps = deps that are neither the package's code nor params."""
+    from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     out = []
@@ -270,18 +272,49 @@ def _stage_outputs(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
             if not cmd:
                 continue
             outs = [Path(os.path.relpath(o.fs_path, stage.wdir)).as_posix() for o in stage.outs]
+            data = [Path(os.path.relpath(d.fs_path, stage.wdir)).as_posix() for d in stage.deps
+                    if not isinstance(d, ParamsDependency)
+                    and not _is_code_dep(Path(os.path.relpath(d.fs_path, root)).as_posix())]
             dvcfile = Path(os.path.relpath(stage.dvcfile.path, root)).as_posix()
-            out.append((f"{dvcfile}:{stage.name}", cmd, outs))
+            out.append((f"{dvcfile}:{stage.name}", cmd, outs, data))
     return sorted(out)
 
 
-OUTPUTS = _stage_outputs()
+STAGE_PATHS = _stage_paths()
+OUTPUTS = [(address, cmd, outs) for address, cmd, outs, _ in STAGE_PATHS]
+INPUTS = [(address, cmd, data) for address, cmd, _, data in STAGE_PATHS]
+
+
+# data deps a stage reads without its cmd naming them, by (stage name, dep): each is named elsewhere, once
+INPUT_EXCEPTIONS = {
+    ("ingest", "pipelines/sources.lock.json"): "the pinned raw-file hashes shipped with the package "
+                                               "(ingest.LOCK_FILE); `--write-lock` rewrites them",
+    ("train_sidecar", "recipes"): "the recipe params' train_sidecar.recipe names",
+    ("train_sidecar", "recipes/cpu_qwen2.5-coder-0.5b.yaml"): "the recipe the stage's params file names",
+    ("transfer", "data/dedupe/eval"): "the benchmarks params' transfer.benchmarks names",
+    ("transfer", "adapters/sidecar"): "the adapter params' transfer.sidecar_adapter names",
+}
+
+
+def _named(path: str, cmd: str) -> bool:
+    """Whether ``cmd`` names ``path``: the path, a folder above it, or (a folder path) a file in it; ``KEY=PATH``
+    words name their PATH."""
+    words = {w.rstrip("/").rpartition("=")[2] for w in cmd.split()}
+    return any(path == w or path.startswith(w + "/") or w.startswith(path + "/") for w in words)
+
+
+@pytest.mark.parametrize("address, cmd, data", INPUTS, ids=[s[0] for s in INPUTS])
+def test_every_data_dep_is_a_path_the_cmd_names(address, cmd, data):
+    """A stage reads only what its cmd names: a data dep the cmd does not pass is a default path hidden in the
+    module (dvc.yaml and the module would both spell it)."""
+    stage = address.rpartition(":")[2].partition("@")[0]
+    hidden = [d for d in data if not _named(d, cmd) and (stage, d) not in INPUT_EXCEPTIONS]
+    assert not hidden, f"{address} reads {hidden} without its cmd naming them (pass them as arguments)"
 
 
 @pytest.mark.parametrize("address, cmd, outs", OUTPUTS, ids=[s[0] for s in OUTPUTS])
 def test_every_output_is_a_path_the_cmd_names(address, cmd, outs):
     """Paths are declared once, in dvc.yaml: a stage writes only where its cmd says (the path, a folder above it, or
     for a folder output the files in it), never to a default hidden in the module."""
-    words = {w.rstrip("/") for w in cmd.split()}
-    hidden = [o for o in outs if not any(o == w or o.startswith(w + "/") or w.startswith(o + "/") for w in words)]
+    hidden = [o for o in outs if not _named(o, cmd)]
     assert not hidden, f"{address} writes {hidden} without its cmd naming them (pass them as arguments)"

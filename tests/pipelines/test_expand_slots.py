@@ -9,7 +9,7 @@ import pytest
 from ooospec.pipelines import expand_slots, normalize, teacher
 from ooospec.pipelines.records import read_jsonl
 from ooospec.pipelines.slot_rows import read_request_rows, request_row
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import prompts as sp
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "train_records.jsonl"
 RECORDS = {r["id"]: r for r in read_jsonl(FIXTURE)}

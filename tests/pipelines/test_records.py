@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ooospec.pipelines import records as R
+from ooospec.runtime import calls as C
 
 
 def _rec(params=None, calls=None, tools=None):
@@ -66,7 +67,7 @@ json_values = st.recursive(
 def test_canonical_calls_ignore_key_order(args, rnd):
     items = list(args.items())
     rnd.shuffle(items)
-    assert R.canonical_calls([R.call("f", args)]) == R.canonical_calls([R.call("f", dict(items))])
+    assert C.canonical_calls([R.call("f", args)]) == C.canonical_calls([R.call("f", dict(items))])
 
 
 @settings(max_examples=60, deadline=None)
@@ -75,13 +76,13 @@ def test_canonical_calls_ignore_key_order(args, rnd):
 def test_norm_text_ignores_whitespace_and_case(words, seps):
     a = " ".join(words)
     b = seps[0] + "".join(w.upper() + seps[(i + 1) % 6] for i, w in enumerate(words))
-    assert R.norm_text(a) == R.norm_text(b)
+    assert C.norm_text(a) == C.norm_text(b)
 
 
 def test_norm_value_unifies_numbers_and_strings():
-    assert R.norm_value({"A": 5.0, "b": [" X  y "]}) == {"a": 5, "b": ["x y"]}
-    assert R.canonical_calls([R.call("F", {"n": 5})]) == R.canonical_calls([R.call("f", {"n": 5.0})])
-    assert R.canonical_calls([R.call("f", {"n": True})]) != R.canonical_calls([R.call("f", {"n": 1})])
+    assert C.norm_value({"A": 5.0, "b": [" X  y "]}) == {"a": 5, "b": ["x y"]}
+    assert C.canonical_calls([R.call("F", {"n": 5})]) == C.canonical_calls([R.call("f", {"n": 5.0})])
+    assert C.canonical_calls([R.call("f", {"n": True})]) != C.canonical_calls([R.call("f", {"n": 1})])
 
 
 def test_write_jsonl_is_atomic_and_keeps_key_order(tmp_path):

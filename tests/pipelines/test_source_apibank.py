@@ -11,6 +11,7 @@ import pytest
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import apibank as A
 from ooospec.pipelines.sources import apibank_text as AT
+from ooospec.runtime import calls as C
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "apibank" / "raw"
 
@@ -54,7 +55,7 @@ def test_ids_unique_and_stable_across_runs(parsed):
 
 def test_output_deterministic(parsed):
     again = list(A.parse(ROOT))
-    assert [R.canonical_json(r) for r in _records(parsed)] == [R.canonical_json(r) for r in _records(again)]
+    assert [C.canonical_json(r) for r in _records(parsed)] == [C.canonical_json(r) for r in _records(again)]
 
 
 def test_splits_and_skipped_files(parsed):

@@ -8,6 +8,7 @@ import pytest
 
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import bfcl as B
+from ooospec.runtime import calls as C
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "bfcl"
 
@@ -44,7 +45,7 @@ def test_every_question_becomes_a_valid_record(parsed):
 def test_ids_unique_stable_and_output_deterministic(parsed):
     ids = [r["id"] for r in parsed]
     assert len(ids) == len(set(ids))
-    assert R.canonical_json(parsed) == R.canonical_json(list(B.parse(ROOT)))
+    assert C.canonical_json(parsed) == C.canonical_json(list(B.parse(ROOT)))
 
 
 def test_files_are_json_lines_and_every_message_is_kept(by_id):

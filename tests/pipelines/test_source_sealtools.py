@@ -9,6 +9,7 @@ import pytest
 
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import sealtools as S
+from ooospec.runtime import calls as C
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "sealtools"
 # dev-difficult-325: gold "position2": [10, 5, -3] for a parameter declared float -- a data fault that the
@@ -49,7 +50,7 @@ def test_one_record_per_item_and_all_but_known_faults_validate(parsed):
 def test_ids_unique_stable_and_output_deterministic(parsed):
     ids = [r["id"] for r in parsed]
     assert len(ids) == len(set(ids))
-    assert R.canonical_json(parsed) == R.canonical_json(list(S.parse(ROOT)))
+    assert C.canonical_json(parsed) == C.canonical_json(list(S.parse(ROOT)))
 
 
 # ---------------------------------------------------------------- quirk 1: Python literals, unescaped quotes

@@ -73,14 +73,14 @@ def test_module_constants():
     ("1Forge", "getExchangeRates", "api_1Forge_getExchangeRates"),
 ])
 def test_tool_names_are_sanitized_identifiers(api, action, name):
-    assert T.tool_name(api, action) == name and name.isidentifier() and name.isascii()
+    assert T.action_function_name(api, action) == name and name.isidentifier() and name.isascii()
 
 
 def test_tools_cover_function_description_and_keep_original_names(by_id):
     rec = by_id["toolalpaca/eval-real/Nager_Date#0"]
     raw = _raw("eval_real.json", "Nager.Date")
     actions = [k for k in raw["Function_Description"] if k != "components"]
-    assert [t["function"]["name"] for t in rec["tools"]] == [T.tool_name("Nager.Date", a) for a in actions]
+    assert [t["function"]["name"] for t in rec["tools"]] == [T.action_function_name("Nager.Date", a) for a in actions]
     assert rec["meta"]["functions"]["Nager_Date_CountryCountryInfo"] == "Nager.Date.CountryCountryInfo"
     assert rec["meta"]["api"] == "Nager.Date"
     assert rec["messages"] == [{"role": "user", "content": raw["Instructions"][0]}]
@@ -122,7 +122,7 @@ def test_function_without_description_line(by_id):
     assert raw["Function_Description"][action].startswith("Parameters:")
     rec = next(r for r in by_id.values() if r["meta"]["api"] == "airportsapi")
     path, method = raw["Function_Projection"][action]
-    assert _fn(rec, T.tool_name("airportsapi", action))["description"] == f"{method.upper()} {path}"
+    assert _fn(rec, T.action_function_name("airportsapi", action))["description"] == f"{method.upper()} {path}"
 
 
 def test_bad_parameter_block_raises_named_error():

@@ -15,6 +15,7 @@ import pytest
 
 from ooospec.pipelines import records as R
 from ooospec.pipelines.sources import toolrl as T
+from ooospec.runtime import calls as C
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "toolrl"
 
@@ -53,8 +54,8 @@ def test_truncated_json_value_detection():
 def test_ids_unique_stable_and_output_deterministic(parsed):
     ids = [r["id"] for r in parsed if isinstance(r, dict)]
     assert len(ids) == len(set(ids))
-    assert R.canonical_json([r for r in parsed if isinstance(r, dict)]) == \
-        R.canonical_json([r for r in T.parse(ROOT) if isinstance(r, dict)])
+    assert C.canonical_json([r for r in parsed if isinstance(r, dict)]) == \
+        C.canonical_json([r for r in T.parse(ROOT) if isinstance(r, dict)])
 
 
 def test_response_only_items_are_skipped_not_rejected(by_id):

@@ -152,7 +152,7 @@ def tiny_target():
 
 @pytest.fixture
 def patched_load_target(monkeypatch, tiny_target):
-    from ooospec.runtime import models
+    from ooospec.runtime.backends import models
 
     calls = []
 
@@ -216,7 +216,7 @@ class _ScriptedModel:
 
 
 def test_transformers_stops_at_end_of_call_only_for_single_call_records(monkeypatch, tiny_target):
-    from ooospec.runtime import models
+    from ooospec.runtime.backends import models
 
     _, tok = tiny_target
     two_calls = ('<tool_call>\n{"name": "search_flights", "arguments": {}}\n</tool_call>\n'

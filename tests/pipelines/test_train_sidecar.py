@@ -125,7 +125,7 @@ def test_autocast_follows_the_recipe_and_the_hardware(monkeypatch, tmp_path):
     recipe = recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="none"))
     assert ts.resolve_autocast(recipe, 1) == (False, "recipe: autocast none")
     assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="bf16")), 1)[0] is True
-    from ooospec.runtime import hardware
+    from ooospec.runtime.backends import hardware
     monkeypatch.setattr(hardware, "resolve_dtype", lambda *a, **k: ("fp32", "no native bf16"))
     assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="auto")), 1) == (
         False, "no native bf16")

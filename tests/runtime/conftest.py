@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from ooospec.runtime import engine
-from ooospec.runtime.cost_model import ForwardCost
+from ooospec.runtime.backends.cost_model import ForwardCost
 
 VOCAB = 300
 SLIDING_WINDOW = 6

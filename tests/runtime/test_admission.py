@@ -1,4 +1,4 @@
-"""Hostile input to the two HTTP servers (issue 22, server half): every row of the probe as a regression test.
+"""Hostile input to the two HTTP servers: every row of the probe as a regression test.
 
 Tiny models built in code; every test is bounded in time (a slow forward hook stands in for a big model).
 Rows: 1 lone surrogate, 2 giant lists validated in bounded time, 3 the wave's work bounded, 4 a non-streamed chat
@@ -20,12 +20,12 @@ import torch
 from pydantic import BaseModel
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.agent.chat import ChatModel
 from ooospec.runtime.serve import chat_app, sidecar_app
 from ooospec.runtime.serve.admission import parse_body
 from ooospec.runtime.serve.http import RequestError
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.wave import Sidecar
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import running_server

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from ooospec.runtime.agent import run_agent
-from ooospec.runtime.chat import ChatModel
-from ooospec.runtime.hints import HintBank
-from ooospec.runtime.session import PrefixCache, SessionStore
-from ooospec.runtime.tools import SpeculativeTools, ToolRegistry
+from ooospec.runtime.agent.chat import ChatModel
+from ooospec.runtime.agent.loop import run_agent
+from ooospec.runtime.agent.session import PrefixCache, SessionStore
+from ooospec.runtime.agent.tools import SpeculativeTools, ToolRegistry
+from ooospec.runtime.drafters.hints import HintBank
 from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
 from tests.runtime.test_tools import Counter
 
@@ -106,7 +106,7 @@ def test_the_second_candidate_of_a_guess_runs_too_when_asked_and_hits():
 def test_a_sidecar_guess_drafts_and_speculates():
     """Method ooospec with a (stand-in) sidecar: the wave's joined call drafts tokens and runs the tool early;
     the output is the same as without it."""
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
     from tests.runtime.sidecar_servers import StandIn
 
     with StandIn("good", answers=["0", '"Paris"']) as sidecar:      # the index query, then get_weather.city
@@ -131,9 +131,9 @@ def test_the_wave_gate_hears_each_turn_and_its_tool():
     """With a gated client and method toolspec (the guess only runs tools), the loop still reports every turn to the
     gate (``report``) and tells it how the tool went (``observe_tool``): latency and hit; each step keeps the
     gate's decision. The output is the same as without the sidecar."""
-    from ooospec.runtime.deployments import SPLIT
-    from ooospec.runtime.sidecar_client import SidecarClient
-    from ooospec.runtime.wave_gate import WaveGate, tools_key
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.deployments import SPLIT
+    from ooospec.runtime.sidecar.gate import WaveGate, tools_key
     from tests.runtime.sidecar_servers import StandIn
 
     prior = SPLIT.prior                                              # sends: the stand-in answers the wave

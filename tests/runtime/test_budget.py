@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ooospec.runtime.backends.cost_model import ForwardCost
 from ooospec.runtime.budget import (
     AcceptanceStats,
     Proposal,
@@ -21,7 +22,6 @@ from ooospec.runtime.budget import (
     plan_tree,
     rank_bucket,
 )
-from ooospec.runtime.cost_model import ForwardCost
 from ooospec.runtime.engine import SpecEngine
 from ooospec.runtime.tree import build_tree, subtree
 from ooospec.runtime.verify import Accepted

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ooospec.pipelines import records
+from ooospec.pipelines import dedupe, records
 from ooospec.runtime import calls as C
 
 json_values = st.recursive(
@@ -49,10 +49,11 @@ def test_key_rejects_malformed_calls_naming_the_field():
 
 
 def test_one_canonicalization_shared_with_the_pipeline():
-    """The dedupe stage imports the runtime's functions (no second copy), and the exact key is the normalized
-    form minus the string folding."""
-    for name in ("norm_text", "norm_value", "canonical_json", "canonical_calls"):
-        assert getattr(records, name) is getattr(C, name)
+    """The dedupe stage imports the runtime's functions (no second copy, no re-export), and the exact key is the
+    normalized form minus the string folding."""
+    for name in ("norm_text", "canonical_json", "canonical_calls"):
+        assert getattr(dedupe, name) is getattr(C, name)
+    assert not any(hasattr(records, n) for n in ("norm_text", "norm_value", "canonical_calls"))   # no re-export
     args = {"B": 5.0, "a": [" X  y ", 2.0]}
     assert C.norm_value(args) == C.canonical_value(args, C.norm_text) == {"b": 5, "a": ["x y", 2]}
     assert C.canonical_value(args) == {"B": 5, "a": [" X  y ", 2]}

@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
-from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.agent.chat import ChatModel
+from ooospec.runtime.agent.session import PrefixCache, SessionStore
 from ooospec.runtime.serve.chat_app import Limits, create_app
-from ooospec.runtime.session import PrefixCache, SessionStore
 from tests.runtime.chat_tiny import ANSWER, RESULT, TOOLS, USER, trained_chat_model
 from tests.runtime.sidecar_servers import running_app
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from ooospec.runtime import cost_model
-from ooospec.runtime.cost_model import ForwardCost
-from ooospec.runtime.kv_cache import HFTarget
+from ooospec.runtime.backends import cost_model
+from ooospec.runtime.backends.cost_model import ForwardCost
+from ooospec.runtime.backends.kv_cache import HFTarget
 
 
 def test_docstring_example():

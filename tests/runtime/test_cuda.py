@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ooospec.runtime.methods import REGISTRY, make_engine
+from ooospec.runtime.decoding import build_engine, make_engine
 from tests.runtime.test_engine_exact import KINDS, VOCAB, adversarial_drafter
 
 pytestmark = [pytest.mark.gpu,
@@ -31,7 +31,7 @@ def test_adversarial_drafts_on_cuda_match_generate(model, kind):
     ids = torch.tensor([prompt], device="cuda")
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
                          min_new_tokens=40)[0, len(prompt):].tolist()
-    assert REGISTRY["ar"](model).generate(prompt, 40).tokens == ref
+    assert build_engine("ar", model).generate(prompt, 40).tokens == ref
     engine = make_engine(model, [adversarial_drafter(kind, prompt + ref + [0] * 300, 0)], policy="fixed",
                          max_draft_nodes=16, max_depth=6)
     assert engine.generate(prompt, 40).tokens == ref

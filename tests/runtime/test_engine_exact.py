@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from ooospec.runtime.backends.cost_model import ForwardCost
+from ooospec.runtime.backends.kv_cache import KVCache, attention_windows
 from ooospec.runtime.budget import AcceptanceStats
-from ooospec.runtime.cost_model import ForwardCost
-from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.kv_cache import KVCache, attention_windows
-from ooospec.runtime.methods import REGISTRY, make_engine
+from ooospec.runtime.decoding import build_engine, make_engine
+from ooospec.runtime.drafters.base import DraftContext, Drafter
 from ooospec.runtime.metrics import acceptance_rate, classify_mismatch, mean_accepted_tokens
 from ooospec.runtime.tree import build_tree
 from tests.runtime.conftest import _COMMON, AVX2_FP32_COST
@@ -24,7 +24,7 @@ from tests.runtime.conftest import _COMMON, AVX2_FP32_COST
 VOCAB = 300
 
 
-class FnDrafter:
+class FnDrafter(Drafter):
     """A drafter from a function ``ctx -> candidates``."""
 
     def __init__(self, name, fn):
@@ -70,7 +70,7 @@ KINDS = ["empty", "random", "oracle", "shifted", "long", "branches"]
 
 
 def _ar(model, prompt, max_new_tokens, **kw):
-    return REGISTRY["ar"](model, **kw).generate(prompt, max_new_tokens)
+    return build_engine("ar", model, **kw).generate(prompt, max_new_tokens)
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -323,7 +323,7 @@ def test_pld_union_and_float32_exact(family, make_model, hf_greedy):
         expected = hf_greedy(model, prompt, 40)
         assert _ar(model, prompt, 32).tokens == expected[:32]
         reference = prompt + expected
-        engine = make_engine(model, [REGISTRY["pld"](model).drafters[0],
+        engine = make_engine(model, [build_engine("pld", model).drafters[0],
                                      adversarial_drafter("branches", reference, seed)])
         result = engine.generate(prompt, 32)
         assert result.tokens == expected[:32]
@@ -357,11 +357,11 @@ def test_rounding_mismatches_are_near_ties_and_the_tie_guard_removes_them():
         prompt = _prompt(30 + seed, 12) * 2
         ar = _ar(model, prompt, 24, record_margins=True)
         assert len(ar.margins) == 24
-        unguarded = REGISTRY["pld"](model, tie_margin=0.0).generate(prompt, 24)
+        unguarded = build_engine("pld", model, tie_margin=0.0).generate(prompt, 24)
         mismatch = classify_mismatch(ar.tokens, unguarded.tokens, ar.margins, tol=tol)
         if mismatch is not None:
             kinds.append(mismatch["kind"])
-        assert REGISTRY["pld"](model, tie_margin=tol).generate(prompt, 24).tokens == ar.tokens
+        assert build_engine("pld", model, tie_margin=tol).generate(prompt, 24).tokens == ar.tokens
     assert kinds and set(kinds) == {"near_tie"}, kinds
 
 

@@ -13,8 +13,8 @@ import zipfile
 import pytest
 
 from ooospec import models_cli
-from ooospec.runtime import fetch
-from ooospec.runtime.fetch import (
+from ooospec.runtime.backends import fetch
+from ooospec.runtime.backends.fetch import (
     REGISTRY,
     ModelSpec,
     collect_chunks,

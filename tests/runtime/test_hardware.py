@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ooospec.runtime import hardware
+from ooospec.runtime.backends import hardware
 
 ZEN3 = ["avx2", "fma"]                                           # no native bf16
 SAPPHIRE_RAPIDS = ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f", "fma"]

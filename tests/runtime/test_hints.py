@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ooospec.runtime import hints
-from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.formats import hermes, llama3_json, plain_json
-from ooospec.runtime.hints import (
+from ooospec.runtime.decoding import build_engine, make_engine
+from ooospec.runtime.drafters import hints
+from ooospec.runtime.drafters.base import DraftContext
+from ooospec.runtime.drafters.hints import (
     LONG_MATCH_PRIOR,
     HintBank,
     HintDrafter,
@@ -21,8 +21,8 @@ from ooospec.runtime.hints import (
     render_views,
     tokenize_views,
 )
-from ooospec.runtime.methods import REGISTRY, make_engine
-from ooospec.runtime.pld import PromptLookupDrafter
+from ooospec.runtime.drafters.pld import PromptLookupDrafter
+from ooospec.runtime.formats import hermes, llama3_json, plain_json
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import VOCAB
 
@@ -63,7 +63,7 @@ def test_views_as_code_models_print_them():
 
 def test_hint_proposals_are_labelled_by_match_length_with_a_prior_for_long_ones():
     from ooospec.runtime.budget import AcceptanceStats
-    from ooospec.runtime.drafting import DraftContext
+    from ooospec.runtime.drafters.base import DraftContext
 
     drafter = HintDrafter(HintBank({"v": [1, 2, 3, 4, 5, 6, 7, 8]}))
     assert drafter.propose(DraftContext((9, 1, 2, 3, 4), 1, 0)) == [[5, 6, 7, 8]]
@@ -193,7 +193,7 @@ def reference(request):
             model = tiny_model(family)
             rng = random.Random(7)
             prompt = [rng.randrange(VOCAB) for _ in range(12)]
-            ar = REGISTRY["ar"](model).generate(prompt, N_NEW).tokens
+            ar = build_engine("ar", model).generate(prompt, N_NEW).tokens
             assert ar == _hf_greedy(model, prompt, N_NEW)
             cache[family] = (model, prompt, ar)
         return cache[family]

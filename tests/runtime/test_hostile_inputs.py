@@ -1,4 +1,4 @@
-"""Hostile but realistic input (issue 12): every reproducer of the robustness probe, as a regression test.
+"""Hostile but realistic input: every reproducer of the robustness probe, as a regression test.
 
 Schemas real APIs write (type lists, boolean sub-schemas, ``$ref``, malformed keywords), parsers that stay
 linear on looping output, nesting that must end in ValueError rather than RecursionError, NaN answers, record
@@ -16,10 +16,10 @@ from toy_bpe import toy_bpe
 from ooospec.eval import bench_data
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.call_state import parse_state
+from ooospec.runtime.drafters.call_state import parse_state
+from ooospec.runtime.drafters.schema_fsm import CallGrammar, SchemaFSMDrafter
 from ooospec.runtime.formats import common, hermes, parse_any, plain_json
-from ooospec.runtime.schema_fsm import CallGrammar, SchemaFSMDrafter
+from ooospec.runtime.sidecar import prompts as sp
 
 
 def T(name: str, props, required=None, **extra) -> dict:

@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from ooospec.runtime.llamacpp import TIE_MARGIN
-from ooospec.runtime.llamacpp_kv import leaf_seqs
+from ooospec.runtime.backends.llamacpp import TIE_MARGIN
+from ooospec.runtime.backends.llamacpp_kv import leaf_seqs
 from ooospec.runtime.tree import build_tree, chain_tree
 from tests.runtime.test_engine_exact import KINDS, VOCAB, adversarial_drafter
 
@@ -25,8 +25,8 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (python -m ooospec.llamacpp_install)")
 
-from ooospec.runtime.llamacpp import LlamaCppTarget, greedy_reference
-from ooospec.runtime.methods import REGISTRY, make_engine
+from ooospec.runtime.backends.llamacpp import LlamaCppTarget, greedy_reference
+from ooospec.runtime.decoding import build_engine, make_engine
 from tests.runtime.tiny_gguf import make_tiny_gguf, quantize
 
 FORMATS = ["F32", "Q8_0", "Q4_0"]
@@ -68,7 +68,7 @@ def test_ar_equals_plain_llama_cpp_greedy(targets, fmt):
     target = targets[fmt]
     for seed in range(3):
         prompt = _prompt(seed, 40)
-        ours = REGISTRY["ar"](target).generate(prompt, 24).tokens
+        ours = build_engine("ar", target).generate(prompt, 24).tokens
         ref, _, _ = greedy_reference(target, prompt, 24, eos_token_ids=[])
         assert ours == ref
 
@@ -79,7 +79,7 @@ def test_adversarial_drafts_leave_the_output_unchanged(targets, fmt, kind):
     target = targets[fmt]
     for seed in range(2):
         prompt = _prompt(100 + seed, 30)
-        ar = REGISTRY["ar"](target).generate(prompt, 400).tokens
+        ar = build_engine("ar", target).generate(prompt, 400).tokens
         reference = prompt + ar
         engine = make_engine(target, [adversarial_drafter(kind, reference, seed)], policy="fixed",
                              max_draft_nodes=24, max_depth=8)
@@ -135,32 +135,32 @@ def test_a_cache_that_lost_the_context_starts_over(targets):
     """Two caches of one target: each use by the other empties it, the engine re-prefills, output unchanged."""
     target = targets["F32"]
     prompt = _prompt(21, 30)
-    first, second = REGISTRY["ar"](target), REGISTRY["ar"](target)
+    first, second = build_engine("ar", target), build_engine("ar", target)
     a1 = first.generate(prompt, 10).tokens
     b = second.generate(_prompt(22, 25), 10).tokens
     cont = prompt + a1 + [a1[-1]]
     a2 = first.generate(cont, 5, cache=first.kv)   # first's cache was taken: nothing to reuse
     assert a2.num_cached == 0
-    assert a2.tokens == REGISTRY["ar"](target).generate(cont, 5).tokens
-    assert b == REGISTRY["ar"](target).generate(_prompt(22, 25), 10).tokens
+    assert a2.tokens == build_engine("ar", target).generate(cont, 5).tokens
+    assert b == build_engine("ar", target).generate(_prompt(22, 25), 10).tokens
 
 
 def test_continuing_from_the_cache_reuses_the_prefix(targets):
     target = targets["Q8_0"]
-    engine = REGISTRY["pld"](target)
+    engine = build_engine("pld", target)
     prompt = _prompt(31, 40)
     out = engine.generate(prompt, 12)
     follow = prompt + out.tokens + _prompt(32, 5)
     again = engine.generate(follow, 8, cache=engine.kv)
     assert again.num_cached == len(prompt) + len(out.tokens) - 1
-    assert again.tokens == REGISTRY["ar"](target).generate(follow, 8).tokens
+    assert again.tokens == build_engine("ar", target).generate(follow, 8).tokens
 
 
 def test_the_target_interface_reads_the_gguf(targets):
     """Shape, EOS, footprint and cost key come from the GGUF itself (``tiny_gguf``: 2 layers, hidden 64, 4 heads,
     2 KV heads, EOS 2)."""
-    from ooospec.runtime.cost_model import calibration_key
-    from ooospec.runtime.target import as_target
+    from ooospec.runtime.backends.cost_model import calibration_key
+    from ooospec.runtime.backends.target import as_target
 
     target = targets["F32"]
     assert as_target(target) is target and target.backend == "llama.cpp" and target.vocab_size == VOCAB + 20
@@ -219,7 +219,7 @@ def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
 
 
 def test_tie_margin_is_calibrated_from_the_measured_batch_shape_difference(targets, monkeypatch, tmp_path):
-    from ooospec.runtime import llamacpp
+    from ooospec.runtime.backends import llamacpp
 
     monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(llamacpp, "_NUMERICS", {})

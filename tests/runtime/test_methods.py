@@ -7,14 +7,14 @@ import argparse
 import pytest
 
 from ooospec.eval import agent_bench, bench_methods
-from ooospec.runtime import methods
-from ooospec.runtime.chat import ChatModel
-from ooospec.runtime.deployments import DEPLOYMENTS
+from ooospec.runtime import decoding, methods
+from ooospec.runtime.agent.chat import ChatModel
+from ooospec.runtime.drafters.hints import HintBank, HintDrafter
+from ooospec.runtime.drafters.pld import PromptLookupDrafter
+from ooospec.runtime.drafters.retrieval import RetrievalDrafter
+from ooospec.runtime.drafters.schema_fsm import SchemaFSMDrafter
 from ooospec.runtime.formats import detect_format
-from ooospec.runtime.hints import HintBank, HintDrafter
-from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.retrieval import RetrievalDrafter
-from ooospec.runtime.schema_fsm import SchemaFSMDrafter
+from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
 from tests.runtime.chat_tiny import CALL, TOOLS, USER, trained_chat_model
 
 
@@ -82,32 +82,32 @@ def test_the_registry_sorts_every_method_and_its_hints():
 
 def test_request_independent_methods_are_engines_and_per_request_ones_refuse():
     model, _ = trained_chat_model()
-    assert methods.REGISTRY["ar"](model).drafters == []
-    pld = methods.REGISTRY["pld-fixed"](model)
+    assert decoding.build_engine("ar", model).drafters == []
+    pld = decoding.build_engine("pld-fixed", model)
     assert [type(d) for d in pld.drafters] == [PromptLookupDrafter]
     assert (pld.policy, pld.max_draft_nodes) == ("fixed", methods.FIXED_NODES)
     for name in ("toolspec", "ooospec"):
         with pytest.raises(ValueError, match="built per request"):
-            methods.REGISTRY[name](model)
+            decoding.build_engine(name, model)
     with pytest.raises(ValueError, match="a peer"):
-        methods.RequestDecoder("llama.cpp", model)
+        decoding.RequestDecoder("llama.cpp", model)
 
 
 def test_decoder_builds_the_request_engine_and_carries_state_across_requests():
     model, tok = trained_chat_model()
     fmt = detect_format(tok)
-    ar = methods.RequestDecoder("ar", model)
+    ar = decoding.RequestDecoder("ar", model)
     assert ar.engine(tok, fmt, TOOLS) is ar.engine()          # one engine for the stream
 
     hints = HintDrafter(HintBank.from_calls([CALL], fmt, tok))
-    toolspec = methods.RequestDecoder("toolspec", model)
+    toolspec = decoding.RequestDecoder("toolspec", model)
     first = toolspec.engine(tok, fmt, TOOLS, hints)
     assert [type(d) for d in first.drafters] == [SchemaFSMDrafter, RetrievalDrafter, PromptLookupDrafter]
     second = toolspec.engine(tok, fmt, TOOLS)
     assert second is not first and second.acceptance is first.acceptance is toolspec.acceptance
     assert second.drafters[1] is first.drafters[1]              # one retrieval bank for the stream
 
-    ooospec = methods.RequestDecoder("ooospec", model)
+    ooospec = decoding.RequestDecoder("ooospec", model)
     assert [type(d) for d in ooospec.engine(tok, fmt, TOOLS, hints).drafters] == [
         SchemaFSMDrafter, HintDrafter, RetrievalDrafter, PromptLookupDrafter]
 

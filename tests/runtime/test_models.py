@@ -7,7 +7,7 @@ import torch
 from toy_bpe import toy_bpe
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ooospec.runtime import hardware, models
+from ooospec.runtime.backends import hardware, models
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +48,13 @@ def test_load_target_auto_dtype_follows_the_cpu(tiny_folder, monkeypatch, flags,
 
 
 def test_registry_and_fetch_stay_importable_from_models():
-    from ooospec.runtime import fetch
+    from ooospec.runtime.backends import fetch
 
     assert models.REGISTRY is fetch.REGISTRY and models.fetch is fetch.fetch
 
 
 def test_resolve_backend_picks_llamacpp_only_for_gguf_targets_on_the_cpu(tmp_path, monkeypatch):
-    from ooospec.runtime import llamacpp
+    from ooospec.runtime.backends import llamacpp
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.pld import PromptLookupDrafter, lookup
+from ooospec.runtime.drafters.base import DraftContext
+from ooospec.runtime.drafters.pld import PromptLookupDrafter, lookup
 
 
 def test_docstring_examples():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ooospec.runtime.drafting import DraftContext
-from ooospec.runtime.retrieval import CallBank, RetrievalDrafter
+from ooospec.runtime.drafters.base import DraftContext
+from ooospec.runtime.drafters.retrieval import CallBank, RetrievalDrafter
 
 
 def drafter(*seqs, min_match=2, **kw) -> RetrievalDrafter:

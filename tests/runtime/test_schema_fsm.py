@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 from toy_bpe import toy_bpe
 
-from ooospec.runtime.call_state import parse_state
-from ooospec.runtime.drafting import DraftContext
+from ooospec.runtime.drafters.base import DraftContext
+from ooospec.runtime.drafters.call_state import parse_state
+from ooospec.runtime.drafters.schema_fsm import CallGrammar, SchemaFSMDrafter, tokens_in_context
 from ooospec.runtime.formats import hermes, llama3_json, plain_json
-from ooospec.runtime.schema_fsm import CallGrammar, SchemaFSMDrafter, tokens_in_context
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.chat import ChatModel
+from ooospec.runtime.agent.chat import ChatModel
 from ooospec.runtime.serve import chat_app, sidecar_app
-from ooospec.runtime.sidecar import Sidecar
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.wave import Sidecar
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.chat_tiny import TOOLS
 from tests.runtime.conftest import tiny_model

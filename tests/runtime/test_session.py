@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from ooospec.runtime.chat import ChatModel
-from ooospec.runtime.kv_cache import KVCache
-from ooospec.runtime.methods import REGISTRY
-from ooospec.runtime.session import PrefixCache, Session, SessionStore
+from ooospec.runtime.agent.chat import ChatModel
+from ooospec.runtime.agent.session import PrefixCache, Session, SessionStore
+from ooospec.runtime.backends.kv_cache import KVCache
+from ooospec.runtime.decoding import build_engine
 from tests.runtime.chat_tiny import AFTER_TOOL, TOOLS, USER, trained_chat_model
 
 VOCAB = 300
@@ -52,14 +52,14 @@ def test_session_turns_equal_fresh_full_prefill(family, make_model, hf_greedy, m
     """Agent-shaped turns: each prompt = last prompt + output + new tokens; one turn re-renders an earlier token
     (the fallback). Every turn's output equals a fresh engine's and HF generate's on the whole prompt."""
     model = make_model(family)
-    engine = REGISTRY[method](model)
+    engine = build_engine(method, model)
     session = Session(model)
     prompt = _ids(10, 9)
     rerendered_turn = 3
     for turn in range(5):
         cached_before = session.kv.length
         result = session.generate(engine, prompt, 6)
-        fresh = REGISTRY[method](model).generate(prompt, 6)
+        fresh = build_engine(method, model).generate(prompt, 6)
         assert result.tokens == fresh.tokens == hf_greedy(model, prompt, 6), f"turn {turn}"
         assert session.kv.tokens == prompt + result.tokens[:-1]        # ready for the next turn
         assert result.num_cached == (4 if turn == rerendered_turn else cached_before)
@@ -92,7 +92,7 @@ def test_prefix_cache_lru_budget_and_counts(make_model):
 
 def test_store_matches_conversations_and_seeds_new_ones_from_the_prefix_cache(make_model):
     model = make_model("llama")
-    engine = REGISTRY["ar"](model)
+    engine = build_engine("ar", model)
     store = SessionStore(model, max_sessions=2, prefix_cache=PrefixCache())
     system = _ids(0, 8)                                      # the shared system + tools block
     conv_a, conv_b, conv_c = (system + _ids(s, 5) for s in (1, 2, 3))
@@ -103,7 +103,7 @@ def test_store_matches_conversations_and_seeds_new_ones_from_the_prefix_cache(ma
     s_b, origin = store.session_for(conv_b, shared_len=8)   # shares only the block with a: a new session
     assert origin == "prefix" and s_b is not s_a
     out_b = s_b.generate(engine, conv_b, 4)
-    assert out_b.num_cached == 8 and out_b.tokens == REGISTRY["ar"](model).generate(conv_b, 4).tokens
+    assert out_b.num_cached == 8 and out_b.tokens == build_engine("ar", model).generate(conv_b, 4).tokens
     next_a = conv_a + out_a.tokens + _ids(9, 3)
     assert store.session_for(next_a, shared_len=8) == (s_a, "session")
     store.session_for(conv_c, shared_len=8)                  # a third conversation: b (least recent) is dropped

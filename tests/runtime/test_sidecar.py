@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.sidecar import decode_branches
-from ooospec.runtime.sidecar_prompts import LayoutMismatch, join_answers, read_metadata
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.prompts import LayoutMismatch, join_answers, read_metadata
+from ooospec.runtime.sidecar.wave import decode_branches
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB
 
 
@@ -79,7 +79,7 @@ def test_join_answers_maps_answers_to_their_queries():
 
 
 def test_a_cancelled_wave_stops_computing(make_model):
-    from ooospec.runtime.sidecar import WaveCancelled
+    from ooospec.runtime.sidecar.wave import WaveCancelled
 
     model = make_model("llama")
     polls = []
@@ -163,7 +163,7 @@ def test_an_oracle_draft_finishes_the_wave_in_two_forwards(make_model):
 
 
 def test_answer_drafter_copies_from_the_prompt_and_closes_json():
-    from ooospec.runtime.sidecar import AnswerDrafter
+    from ooospec.runtime.sidecar.wave import AnswerDrafter
 
     class CharTok:   # one token per character, ids = code points
         def encode(self, text, add_special_tokens=False):
@@ -199,13 +199,13 @@ def test_logprobs_follow_each_answer_token_with_or_without_drafts(make_model):
 
 
 def test_auto_engine_is_measured_once_and_cached(tmp_path, monkeypatch):
-    from ooospec.runtime import sidecar
+    from ooospec.runtime.sidecar import engines as sidecar
 
     monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path / "cache"))
     adapter = tmp_path / "a"
     adapter.mkdir()
     (adapter / "sidecar.json").write_text(json.dumps({"layout_version": 3, "base": "qwen2.5-coder-0.5b"}))
-    monkeypatch.setattr("ooospec.runtime.llamacpp.available", lambda: (True, "test"))
+    monkeypatch.setattr("ooospec.runtime.backends.llamacpp.available", lambda: (True, "test"))
     ratios = iter([0.5])
     monkeypatch.setattr(sidecar, "_engine_ratio", lambda *a: next(ratios))
     assert sidecar.resolve_engine("auto", adapter, threads=2)[0] == "llama.cpp"

@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime import sidecar_waves as sw
+from ooospec.runtime.decoding import build_engine, make_engine
+from ooospec.runtime.drafters.hints import HintDrafter, render_views, tokenize_views
+from ooospec.runtime.drafters.pld import PromptLookupDrafter
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.hints import HintDrafter, render_views, tokenize_views
-from ooospec.runtime.methods import REGISTRY, make_engine
-from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.sidecar_client import SidecarClient, parse_response
-from ooospec.runtime.sidecar_process import free_port, start_server
-from ooospec.runtime.wave_gate import WaveDecision, query_name
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar import protocol as sw
+from ooospec.runtime.sidecar.client import SidecarClient, parse_response
+from ooospec.runtime.sidecar.gate import WaveDecision, query_name
+from ooospec.runtime.sidecar.process import free_port, start_server
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import HANG_S, MESSAGES, TOOLS, StandIn
@@ -33,7 +33,7 @@ def target():
     """``(model, tokenizer, prompt ids, AR output)``: a tiny float64 target with a byte tokenizer."""
     model, tok = tiny_model("llama"), byte_tokenizer()
     prompt = tok("user: Weather in Paris, in celsius?\nassistant: ", add_special_tokens=False)["input_ids"]
-    return model, tok, prompt, REGISTRY["ar"](model).generate(prompt, N_NEW).tokens
+    return model, tok, prompt, build_engine("ar", model).generate(prompt, N_NEW).tokens
 
 
 def run_target(target, req):

@@ -1,4 +1,4 @@
-"""The sidecar on llama.cpp (runtime/sidecar_llamacpp.py): waves as sequences, the LoRA as a llama.cpp adapter.
+"""The sidecar on llama.cpp (runtime/sidecar/llamacpp.py): waves as sequences, the LoRA as a llama.cpp adapter.
 
 Tiny GGUFs built in code (tests/runtime/tiny_gguf.py; a wide output head keeps top-2 margins far above llama.cpp's
 batch-shape rounding, so greedy decoding is reproducible across batch shapes). Every answer of a wave must equal
@@ -16,14 +16,14 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
-from ooospec.runtime.llamacpp import LlamaCppTarget, greedy_reference
-from ooospec.runtime.sidecar import WaveCancelled
-from ooospec.runtime.sidecar_llamacpp import (
+from ooospec.runtime.backends.llamacpp import LlamaCppTarget, greedy_reference
+from ooospec.runtime.sidecar.llamacpp import (
     LlamaCppWaves,
     lora_to_gguf,
     permute_rows,
     query_seqs,
 )
+from ooospec.runtime.sidecar.wave import WaveCancelled
 from ooospec.runtime.tree import build_tree
 from tests.runtime.tiny_gguf import make_tiny_gguf
 

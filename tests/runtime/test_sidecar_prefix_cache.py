@@ -9,15 +9,15 @@ import random
 import pytest
 import torch
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.deployments import DEPLOYMENTS
+from ooospec.runtime.agent.session import PrefixCache
+from ooospec.runtime.backends.kv_cache import KVCache
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.kv_cache import KVCache
 from ooospec.runtime.serve.sidecar_app import complete, create_app
-from ooospec.runtime.session import PrefixCache
-from ooospec.runtime.sidecar import Sidecar, decode_branches, measure_wave_cost
-from ooospec.runtime.sidecar_client import SidecarClient
-from ooospec.runtime.wave_gate import Option, WaveGate, wave_compute_s
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.client import SidecarClient
+from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+from ooospec.runtime.sidecar.gate import Option, WaveGate, wave_compute_s
+from ooospec.runtime.sidecar.wave import Sidecar, decode_branches, measure_wave_cost
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB, tiny_model
 from tests.runtime.sidecar_servers import running_app
@@ -102,7 +102,7 @@ def test_the_server_reports_cached_tokens_and_health_shows_the_cache():
 
 
 def test_reset_prefix_cache_makes_the_next_wave_cold_and_keeps_answers():
-    from ooospec.runtime.sidecar_process import reset_prefix_cache
+    from ooospec.runtime.sidecar.process import reset_prefix_cache
 
     model, tok = tiny_model("llama"), byte_tokenizer()
     cached = Sidecar(model, tok, metadata={"layout_version": 3}, prefix_cache=PrefixCache(max_tokens=20000))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ooospec.runtime import sidecar_prompts as sp
+from ooospec.runtime.sidecar import prompts as sp
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
@@ -147,8 +147,8 @@ def test_join_slots_validates_values_against_the_schema_and_rejects_nan():
     assert sp.join_slots(TOOLS, "1", {}, direct)["direct_call"] == {"name": "get_time", "arguments": {"tz": "UTC"}}
 
 
-@pytest.mark.parametrize("module", ["ooospec.runtime.sidecar_prompts", "ooospec.runtime.sidecar_client",
-                                    "ooospec.runtime.sidecar_process"])
+@pytest.mark.parametrize("module", ["ooospec.runtime.sidecar.prompts", "ooospec.runtime.sidecar.client",
+                                    "ooospec.runtime.sidecar.process"])
 def test_the_contract_and_the_client_import_without_torch(module):
     code = f"import sys; import {module}; assert 'torch' not in sys.modules, 'torch was imported'"
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)

@@ -13,7 +13,6 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ooospec.runtime import sidecar_prompts as sp
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.serve.sidecar_app import (
     Limits,
@@ -23,9 +22,10 @@ from ooospec.runtime.serve.sidecar_app import (
     split_shared_block,
     tokenize_prompts,
 )
-from ooospec.runtime.sidecar import Sidecar
-from ooospec.runtime.sidecar_client import SidecarClient
-from ooospec.runtime.sidecar_prompts import join_answers
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.client import SidecarClient
+from ooospec.runtime.sidecar.prompts import join_answers
+from ooospec.runtime.sidecar.wave import Sidecar
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import running_app

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime import sidecar_waves as sw
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar import protocol as sw
 from tests.runtime.test_sidecar_prompts import MESSAGES, TIME, WEATHER
 
 NEWS = {"type": "function", "function": {"name": "get_news", "parameters": {

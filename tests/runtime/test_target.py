@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ooospec.runtime import cost_model
+from ooospec.runtime.agent.session import Session
+from ooospec.runtime.backends import cost_model
+from ooospec.runtime.backends.kv_cache import HFTarget, KVCache
+from ooospec.runtime.backends.models import eos_token_ids
+from ooospec.runtime.backends.target import as_target
+from ooospec.runtime.drafters.pld import PromptLookupDrafter
 from ooospec.runtime.engine import SpecEngine
-from ooospec.runtime.kv_cache import HFTarget, KVCache
-from ooospec.runtime.models import eos_token_ids
-from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.session import Session
-from ooospec.runtime.target import as_target
 
 
 def test_as_target_wraps_a_model_once(make_model):

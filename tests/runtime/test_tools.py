@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ooospec.runtime.tools import SpeculativeTools, ToolRegistry
+from ooospec.runtime.agent.tools import SpeculativeTools, ToolRegistry
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]+$"},
                                          "days": {"type": "integer"}}, "required": ["city"]}

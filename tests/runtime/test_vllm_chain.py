@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal
+from ooospec.runtime.drafters.base import Drafter
 from ooospec.runtime.formats import hermes
 from ooospec.runtime.tree import build_tree
 from ooospec.runtime.vllm import plugin
@@ -234,7 +235,7 @@ def test_a_raising_drafter_loses_its_drafts_not_the_output():
     model = tiny_model("llama")
     proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes)
 
-    class Boom:
+    class Boom(Drafter):
         name = "boom"
 
         def propose(self, ctx):
@@ -243,7 +244,7 @@ def test_a_raising_drafter_loses_its_drafts_not_the_output():
         def observe(self, prompt, output):
             raise RuntimeError("no")
 
-    class Wild:
+    class Wild(Drafter):
         name = "wild"
 
         def propose(self, ctx):
@@ -266,7 +267,7 @@ def test_a_raising_drafter_loses_its_drafts_not_the_output():
 
 def test_a_dead_sidecar_changes_nothing():
     model, tok = trained_chat_model()
-    from ooospec.runtime.sidecar_client import SidecarClient
+    from ooospec.runtime.sidecar.client import SidecarClient
 
     prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
                  add_special_tokens=False)["input_ids"]
@@ -280,7 +281,7 @@ def test_a_dead_sidecar_changes_nothing():
 
 def test_a_vllm_served_sidecar_gets_waves_in_the_shipped_adapters_layout():
     """vLLM's /health reports no layout: the proposer's client builds waves the shipped adapter reads."""
-    from ooospec.runtime.sidecar_client import adapter_layout
+    from ooospec.runtime.sidecar.client import adapter_layout
     from tests.runtime.sidecar_servers import MESSAGES as WAVE_MESSAGES
     from tests.runtime.sidecar_servers import TOOLS as WAVE_TOOLS
     from tests.runtime.sidecar_servers import StandIn

@@ -9,7 +9,10 @@ output (or a near-tie, named); the oracle's hints are accepted; and ``vllm serve
 ``openai`` client's tool-call request carrying hints in ``vllm_xargs``, with the text plain decoding gives. A request
 that opts out (``vllm_xargs={"ooospec": "off"}``) and requests with hostile ``vllm_xargs`` (a 4 MB toolbox, 10,000
 functions, a schema 5,000 levels deep, wrong types) get that same answer, the server answers normally after them,
-and it logs the proposer's metrics (faults included).
+and it logs the proposer's metrics (faults included). Streamed tool calls put back together equal the plain
+non-streamed answer; ``OOOSPEC_DISCONNECTS`` (default 2,000) streamed requests dropped after their first chunk leave
+no request state in the proposer and its memory flat; requests that vLLM preempts (a KV space of a few blocks) get
+the answers they get alone. Every server runs with vLLM's prefix caching on.
 """
 
 from __future__ import annotations
@@ -72,20 +75,22 @@ def test_drafts_inside_vllm_keep_its_greedy_output(tmp_path, model_dir):
 
 
 @contextmanager
-def vllm_server(log_path: Path, model_dir: str, options: dict):
-    """``vllm serve`` with the proposer (``options``: its ``--additional-config`` ``ooospec`` section), logging to
-    ``log_path``; yields ``(openai client, port)`` once it answers."""
+def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "bfloat16",
+                extra: tuple[str, ...] = ()):
+    """``vllm serve`` with the proposer (``options``: its ``--additional-config`` ``ooospec`` section), prefix
+    caching on (vLLM's default), logging to ``log_path``; ``extra``: more server flags. Yields ``(openai client,
+    port, process)`` once it answers."""
     import openai
 
-    from ooospec.runtime.sidecar_process import free_port
+    from ooospec.runtime.sidecar.process import free_port
 
     port = free_port()
     spec = {"method": "custom_class", "model": "ooospec.runtime.vllm.OoOSpecProposer", "num_speculative_tokens": 16}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                             "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048",
-                             "--no-enable-prefix-caching", "--speculative-config", json.dumps(spec),
+                             "--port", str(port), "--dtype", dtype, "--max-model-len", "2048", *extra,
+                             "--speculative-config", json.dumps(spec),
                              "--additional-config", json.dumps({"ooospec": options}),
                              "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -100,7 +105,7 @@ def vllm_server(log_path: Path, model_dir: str, options: dict):
                 if proc.poll() is not None or time.time() > deadline:
                     pytest.fail("vllm serve did not start:\n" + log_path.read_text()[-4000:])
                 time.sleep(2)
-        yield client, port
+        yield client, port, proc
     finally:
         proc.terminate()
         proc.wait(60)
@@ -116,7 +121,7 @@ def answer(client, model_dir: str, xargs: dict | None = None) -> tuple[str, list
 
 
 def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir):
-    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}) as (client, port):
+    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}) as (client, port, _):
         text, calls = answer(client, model_dir)      # tools reach the FSM via the plugin
         assert calls or text, "empty answer"
         hint = text or "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {a}}}\n</tool_call>' for n, a in calls)
@@ -145,7 +150,7 @@ HOSTILE = {   # vllm_xargs values are strings, numbers or lists of them
 
 def test_opted_out_and_hostile_requests_get_the_plain_answer(tmp_path, model_dir):
     log_path = tmp_path / "serve.log"
-    with vllm_server(log_path, model_dir, {"method": "ooospec", "log_interval_s": 1}) as (client, _):
+    with vllm_server(log_path, model_dir, {"method": "ooospec", "log_interval_s": 1}) as (client, _, _):
         plain = answer(client, model_dir)
         assert plain[0] or plain[1], "empty answer"
         assert answer(client, model_dir, {"ooospec": "off"}) == plain, "opting out changed the answer"
@@ -161,3 +166,105 @@ def test_opted_out_and_hostile_requests_get_the_plain_answer(tmp_path, model_dir
     assert {"ooospec", "ooospec_tools", "ooospec_messages", "ooospec_hint", "ooospec_hint_schedule",
             "ooospec_history"} <= set(metrics["faults"])
     assert metrics["drafters"], "no drafter's chain tokens counted"
+
+
+def metrics_lines(log_path: Path) -> list[dict]:
+    mark = "ooo-spec proposer metrics "
+    return [json.loads(ln.split(mark, 1)[1]) for ln in log_path.read_text().splitlines() if mark in ln]
+
+
+def streamed(client, model_dir: str, xargs: dict | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """:func:`answer`, streamed: content deltas joined, tool-call deltas merged by index."""
+    ask = {"model": model_dir, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 64,
+           "stream": True}
+    text, calls = [], {}
+    for chunk in client.chat.completions.create(**ask, **({"extra_body": {"vllm_xargs": xargs}} if xargs else {})):
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            for tc in choice.delta.tool_calls or ():
+                name, args = calls.get(tc.index, ("", ""))
+                fn = tc.function
+                calls[tc.index] = (name + ((fn.name or "") if fn else ""), args + ((fn.arguments or "") if fn else ""))
+    return "".join(text), [calls[i] for i in sorted(calls)]
+
+
+def server_rss(proc) -> int:
+    """Resident bytes of the server and its children (the engine core holds the proposer)."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)] if p.is_running())
+
+
+async def drop_after_first_chunk(port: int, model_dir: str, n: int, concurrency: int = 32) -> int:
+    """``n`` streamed requests, each closed by the client after its first chunk; the number that got one."""
+    import asyncio
+
+    import httpx
+
+    body = {"model": model_dir, "messages": MESSAGES, "tools": TOOLS, "temperature": 0, "max_tokens": 64,
+            "stream": True}
+    gate, got = asyncio.Semaphore(concurrency), []
+
+    async def one(client) -> None:
+        async with gate, client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    got.append(1)
+                    break                      # leaving the block closes the connection mid-stream
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        await asyncio.gather(*(one(client) for _ in range(n)))
+    return len(got)
+
+
+def test_streams_equal_plain_and_disconnects_leave_no_state(tmp_path, model_dir):
+    import asyncio
+
+    n = int(os.environ.get("OOOSPEC_DISCONNECTS", "2000"))
+    log_path = tmp_path / "serve.log"
+    options = {"method": "ooospec", "log_interval_s": 1, "max_requests": 256}
+    with vllm_server(log_path, model_dir, options) as (client, port, proc):
+        plain = answer(client, model_dir, {"ooospec": "off"})
+        assert plain[0] or plain[1], "empty answer"
+        assert streamed(client, model_dir) == plain, "streamed with drafts differs from plain"
+        assert streamed(client, model_dir, {"ooospec": "off"}) == plain
+        assert answer(client, model_dir) == plain
+        warm = asyncio.run(drop_after_first_chunk(port, model_dir, max(n // 10, 1)))
+        before = server_rss(proc)
+        dropped = asyncio.run(drop_after_first_chunk(port, model_dir, n - max(n // 10, 1)))
+        after = server_rss(proc)
+        assert warm + dropped == n, "a dropped stream never got its first chunk"
+        for _ in range(2):                       # two requests past the log interval: the last window is logged
+            time.sleep(1.5)
+            assert answer(client, model_dir) == plain, "the answer after the disconnects"
+    metrics = metrics_lines(log_path)[-1]
+    assert metrics["totals"]["requests"] >= n
+    assert metrics["live"] <= 1, f"request states left behind: {metrics['live']}"
+    assert after - before < 256 * 2**20, f"memory grew {(after - before) / 2**20:.0f} MiB over {n} disconnects"
+
+
+COUNTING = [{"role": "user", "content": f"Count from {k} to {k + 45}, separated by commas. Only the numbers."}
+            for k in (1, 100, 200, 300, 400, 500)]
+
+
+def test_preempted_requests_keep_their_answers(tmp_path, model_dir):
+    """A KV space of 24 blocks of 32 tokens holds about two of these requests: vLLM preempts the others and
+    recomputes them later; each answer equals the one it gets alone with drafts off (fp32: no near ties)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    extra = ("--block-size", "32", "--num-gpu-blocks-override", "24", "--max-num-seqs", "6")
+    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}, dtype="float32",
+                     extra=extra) as (client, port, _):
+        def ask(msg, xargs=None):
+            got = client.chat.completions.create(model=model_dir, messages=[msg], temperature=0, max_tokens=120,
+                                                 **({"extra_body": {"vllm_xargs": xargs}} if xargs else {}))
+            return got.choices[0].message.content
+
+        alone = [ask(m, {"ooospec": "off"}) for m in COUNTING]
+        with ThreadPoolExecutor(len(COUNTING)) as pool:
+            together = list(pool.map(ask, COUNTING))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    preempted = sum(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("vllm:num_preemptions"))
+    assert preempted > 0, "no request was preempted: the test did not test preemption"
+    assert together == alone

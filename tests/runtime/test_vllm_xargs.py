@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ooospec.runtime.methods import ToolSpecDrafters
+from ooospec.runtime.decoding import ToolSpecDrafters
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.proposer import ChainProposer, ProposerConfig
 from tests.runtime.chat_tiny import CALL_TEXT, TOOLS, USER, trained_chat_model

@@ -11,15 +11,15 @@ from dataclasses import replace
 
 import pytest
 
-from ooospec.runtime import sidecar_prompts as sp
-from ooospec.runtime.deployments import DEPLOYMENTS
+from ooospec.runtime.decoding import build_engine, make_engine
+from ooospec.runtime.drafters.hints import HintDrafter, HintStats
+from ooospec.runtime.drafters.pld import PromptLookupDrafter
 from ooospec.runtime.engine import GenerationResult, StepStats
 from ooospec.runtime.formats import hermes
-from ooospec.runtime.hints import HintDrafter, HintStats
-from ooospec.runtime.methods import REGISTRY, make_engine
-from ooospec.runtime.pld import PromptLookupDrafter
-from ooospec.runtime.sidecar_client import RequestStats, SidecarClient
-from ooospec.runtime.wave_gate import (
+from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.client import RequestStats, SidecarClient
+from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+from ooospec.runtime.sidecar.gate import (
     Option,
     WaveGate,
     calibrated,
@@ -29,7 +29,7 @@ from ooospec.runtime.wave_gate import (
     tools_key,
     wave_compute_s,
 )
-from ooospec.runtime.wave_outcome import WaveOutcome, interference_sample, outcome_of, verbatim_slots
+from ooospec.runtime.sidecar.outcome import WaveOutcome, interference_sample, outcome_of, verbatim_slots
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
@@ -263,7 +263,7 @@ GATES = {"off": None, "skip": SHARED, "slots": SPLIT, "index": INDEX_ONLY}
 def target():
     model, tok = tiny_model("llama"), byte_tokenizer()
     prompt = tok("user: Weather in Paris, in celsius?\nassistant: ", add_special_tokens=False)["input_ids"]
-    return model, tok, prompt, REGISTRY["ar"](model).generate(prompt, 24).tokens
+    return model, tok, prompt, build_engine("ar", model).generate(prompt, 24).tokens
 
 
 @pytest.mark.parametrize("mode", list(GATES))
@@ -293,7 +293,7 @@ def test_client_sends_what_the_gate_decides_and_output_equals_ar(target, mode):
 
 
 def test_chat_turn_carries_the_decision():
-    from ooospec.runtime.chat import ChatModel
+    from ooospec.runtime.agent.chat import ChatModel
     from tests.runtime.chat_tiny import TOOLS as CHAT_TOOLS
     from tests.runtime.chat_tiny import USER, trained_chat_model
 
