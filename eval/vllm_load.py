@@ -430,10 +430,18 @@ def environment_of(args) -> dict:
             "stream": args.streams, "log_interval_s": args.log_interval}
 
 
+def slim(levels: list[dict]) -> list[dict]:
+    """Levels as the results JSON keeps them: each row's prompt ids (used to classify, then done with) as their
+    count, ``prompt_tokens``."""
+    return [{**lv, "rows": [{k: v for k, v in r.items() if k != "prompt_token_ids"}
+                            | {"prompt_tokens": len(r.get("prompt_token_ids") or [])} for r in lv["rows"]]}
+            for lv in levels]
+
+
 def build_results(args, records: list[dict], runs: dict[str, dict]) -> dict:
     return {"target": args.target, "dataset": args.dataset, "n": len(records), "order": list(runs),
             "levels": level_table(runs), "load_s": {m: r["load_s"] for m, r in runs.items()},
-            "requests": {m: r["levels"] for m, r in runs.items()}, "env": environment_of(args)}
+            "requests": {m: slim(r["levels"]) for m, r in runs.items()}, "env": environment_of(args)}
 
 
 def add_arguments(p) -> None:

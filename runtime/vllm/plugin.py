@@ -2,12 +2,14 @@
 
 vLLM's ``custom_class`` proposer gets token arrays in batch order, but no request ids and no sampling params,
 so it cannot tell a request's tools and hints apart from another's. :func:`register` (run by vLLM in every
-process, before any engine is built) wraps two methods:
+process, before any engine is built) wraps three methods:
 
 * ``GPUModelRunner.propose_draft_token_ids`` (the CPU runner subclasses it): when the runner's drafter is ours
-  (it has ``bind_batch``), hand it the step's request ids, a lookup of a new request's prompt length and
-  ``SamplingParams.extra_args``, and the ids vLLM finished; then call vLLM's own method unchanged. Any other
-  drafter is left alone.
+  (it has ``bind_batch``), hand it the step's request ids and a lookup of a new request's prompt length and
+  ``SamplingParams.extra_args``; then call vLLM's own method unchanged. Any other drafter is left alone.
+* ``GPUModelRunner._update_states``, which vLLM runs at every step, an empty one too (a step with nothing to
+  compute returns before any proposer runs): hand our drafter the ids vLLM finished (done, aborted by a client that
+  went away), so their states go at once.
 * ``ChatCompletionRequest.to_sampling_params`` (the OpenAI server): a chat request with ``tools`` also carries
   them, and its messages, as ``ooospec_tools`` / ``ooospec_messages`` extra args (JSON text) unless the client set
   them in ``vllm_xargs``: the schema FSM and the sidecar wave then work for a plain ``openai`` client.
@@ -61,11 +63,22 @@ def wrap_propose(original):
         drafter = getattr(self, "drafter", None)
         bind = getattr(drafter, "bind_batch", None)
         if bind is not None:
-            bind(list(self.input_batch.req_ids), batch_lookup(self),
-                 sorted(getattr(scheduler_output, "finished_req_ids", ()) or ()))
+            bind(list(self.input_batch.req_ids), batch_lookup(self))
         return original(self, scheduler_output, *args, **kwargs)
     propose_draft_token_ids.__ooospec__ = True
     return propose_draft_token_ids
+
+
+def wrap_update_states(original):
+    """``_update_states`` that first tells an ooo-spec drafter which requests vLLM finished this step."""
+    @functools.wraps(original)
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        finish = getattr(getattr(self, "drafter", None), "finish_requests", None)
+        if finish is not None:
+            finish(sorted(getattr(scheduler_output, "finished_req_ids", ()) or ()))
+        return original(self, scheduler_output, *args, **kwargs)
+    _update_states.__ooospec__ = True
+    return _update_states
 
 
 def chat_xargs(request) -> dict:
@@ -131,10 +144,12 @@ def register() -> None:
         return
     version = getattr(vllm, "__version__", "?")
     route_logs(logging.getLogger("ooospec"), logging.getLogger("vllm"))
-    if _patch(GPUModelRunner, "propose_draft_token_ids", wrap_propose):
-        _state["runner"] = True
-    else:
-        _state["why"] = f"vLLM {version}: GPUModelRunner has no propose_draft_token_ids"
+    missing = [name for name, wrapper in (("propose_draft_token_ids", wrap_propose),
+                                          ("_update_states", wrap_update_states))
+               if not _patch(GPUModelRunner, name, wrapper)]
+    _state["runner"] = not missing
+    if missing:
+        _state["why"] = f"vLLM {version}: GPUModelRunner has no {' / '.join(missing)}"
     try:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         _state["chat"] = _patch(ChatCompletionRequest, "to_sampling_params", wrap_to_sampling_params)

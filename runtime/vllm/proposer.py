@@ -424,14 +424,15 @@ class OoOSpecProposer:
         logger.info("ooo-spec proposer: method %s, chains of up to %d tokens, format %s",
                     self.core.method.name, self.core.max_len, self.core.fmt.NAME)
 
-    def bind_batch(self, req_ids: Sequence[str], lookup: Callable[[str], tuple[int, Mapping | None]],
-                   finished: Sequence[str] = ()) -> None:
-        """This step's requests in batch order; ``lookup(req_id) -> (prompt_len, extra_args)``; ``finished``: the
-        requests vLLM dropped since the last step."""
-        for req_id in finished:
-            self.core.finish(req_id)
+    def bind_batch(self, req_ids: Sequence[str], lookup: Callable[[str], tuple[int, Mapping | None]]) -> None:
+        """This step's requests in batch order; ``lookup(req_id) -> (prompt_len, extra_args)``."""
         self._req_ids = list(req_ids)
         self._lookup = lookup
+
+    def finish_requests(self, req_ids: Sequence[str]) -> None:
+        """The requests vLLM finished (done or aborted) since the last step: their states go."""
+        for req_id in req_ids:
+            self.core.finish(req_id)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
                 **_unused) -> list[list[int]]:

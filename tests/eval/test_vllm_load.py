@@ -267,6 +267,14 @@ def test_levels_compare_with_plain_at_the_same_level_and_render():
     assert plain.rstrip().endswith("| 100.0% | 0 | 0 | - | - | - |")
 
 
+def test_the_results_keep_a_prompts_length_not_its_ids():
+    lv = level(1, False, 1.0, 1.0, ["a"])
+    lv["rows"][0].update(prompt_token_ids=[1, 2, 3], token_ids=[7])
+    row = vl.slim([lv])[0]["rows"][0]
+    assert (row["prompt_tokens"], row["token_ids"], "prompt_token_ids" in row) == (3, [7], False)
+    assert lv["rows"][0]["prompt_token_ids"] == [1, 2, 3]          # the measured runs are not changed
+
+
 def test_a_rerun_keeps_finished_methods(tmp_path, monkeypatch):
     ran = []
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -468,7 +470,6 @@ def test_route_logs_sends_ooospec_lines_through_vllms_handlers():
 
 
 def test_chat_xargs_survive_a_request_too_deep_to_serialize(caplog):
-    from types import SimpleNamespace
 
     deep: list = []
     for _ in range(100_000):
@@ -478,3 +479,39 @@ def test_chat_xargs_survive_a_request_too_deep_to_serialize(caplog):
     assert "RecursionError" in caplog.text
     assert json.loads(plugin.chat_xargs(SimpleNamespace(vllm_xargs=None, tools=TOOLS, messages=USER))[
         "ooospec_tools"]) == TOOLS
+
+
+def test_finished_requests_reach_the_drafter_even_on_an_empty_step():
+    """vLLM's runner returns before any proposer runs on a step with nothing to compute; the plugin hands finished
+    (or aborted) request ids over in ``_update_states``, which runs at every step, so their states never linger."""
+    calls = []
+
+    class Drafter:
+        def bind_batch(self, req_ids, lookup):
+            calls.append(("bind", list(req_ids)))
+
+        def finish_requests(self, req_ids):
+            calls.append(("finish", list(req_ids)))
+
+    class Runner:
+        drafter = Drafter()
+        input_batch = SimpleNamespace(req_ids=["b"])
+        requests: ClassVar[dict] = {}
+
+        def _update_states(self, scheduler_output):
+            calls.append(("update", None))
+
+        def propose_draft_token_ids(self, scheduler_output):
+            return "drafts"
+
+    update = plugin.wrap_update_states(Runner._update_states)
+    propose = plugin.wrap_propose(Runner.propose_draft_token_ids)
+    runner = Runner()
+    update(runner, SimpleNamespace(finished_req_ids={"x", "a"}))             # an empty step: no propose after it
+    update(runner, SimpleNamespace(finished_req_ids=set()))
+    assert propose(runner, SimpleNamespace()) == "drafts"
+    assert calls == [("finish", ["a", "x"]), ("update", None), ("finish", []), ("update", None), ("bind", ["b"])]
+    assert update.__ooospec__ and propose.__ooospec__
+    plain = SimpleNamespace(drafter=object(), input_batch=SimpleNamespace(req_ids=[]))   # another proposer
+    update(plain, SimpleNamespace(finished_req_ids={"y"}))
+    assert calls[-1] == ("update", None)
