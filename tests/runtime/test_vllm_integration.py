@@ -76,7 +76,7 @@ def test_drafts_inside_vllm_keep_its_greedy_output(tmp_path, model_dir):
 
 @contextmanager
 def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "bfloat16",
-                extra: tuple[str, ...] = ()):
+                max_model_len: int = 2048, extra: tuple[str, ...] = ()):
     """``vllm serve`` with the proposer (``options``: its ``--additional-config`` ``ooospec`` section), prefix
     caching on (vLLM's default), logging to ``log_path``; ``extra``: more server flags. Yields ``(openai client,
     port, process)`` once it answers."""
@@ -89,7 +89,7 @@ def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                             "--port", str(port), "--dtype", dtype, "--max-model-len", "2048", *extra,
+                             "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), *extra,
                              "--speculative-config", json.dumps(spec),
                              "--additional-config", json.dumps({"ooospec": options}),
                              "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
@@ -254,7 +254,7 @@ def test_preempted_requests_keep_their_answers(tmp_path, model_dir):
     from concurrent.futures import ThreadPoolExecutor
 
     extra = ("--block-size", "32", "--num-gpu-blocks-override", "24", "--max-num-seqs", "6")
-    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}, dtype="float32",
+    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"}, dtype="float32", max_model_len=512,
                      extra=extra) as (client, port, _):
         def ask(msg, xargs=None):
             got = client.chat.completions.create(model=model_dir, messages=[msg], temperature=0, max_tokens=120,
