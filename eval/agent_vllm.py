@@ -55,7 +55,7 @@ from ooospec.eval.agent_replay import (
     summarize,
     write_tables,
 )
-from ooospec.eval.vllm_runs import first_divergence, margin_at
+from ooospec.eval.vllm_runs import first_divergence, next_token_margins
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
 VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated")
@@ -215,12 +215,9 @@ def first_turn_divergence(trace: Sequence[tuple[list[int], list[int]]],
 
 def classify(llm, rows: list[dict], tie_margin: float) -> None:
     """``row["divergence"]`` of every row whose texts differ from its reference row's: the turn and token where
-    they part and the top-2 logprob margin there (one untimed re-run of the reference prompt, drafts off), a
-    ``near_tie`` at or under ``tie_margin`` (batched verification of other chains can flip such a token in bf16),
-    else a ``defect``."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
+    they part and the top-2 logprob margin there (one untimed forward of the reference prompt and its tokens up to
+    there, drafts off), a ``near_tie`` at or under ``tie_margin`` (batched verification of other chains can flip
+    such a token in bf16), else a ``defect``."""
     reference = "stateless" if any(r["variant"] == "stateless" for r in rows) else "sessions"
     refs = {(r["id"], r["latency_s"]): r for r in rows if r["variant"] == reference}
     for row in rows:
@@ -231,10 +228,8 @@ def classify(llm, rows: list[dict], tie_margin: float) -> None:
         if found is None:
             continue
         turn, k = found
-        prompt = ref["_trace"][turn][0]
-        sp = SamplingParams(temperature=0.0, max_tokens=k + 1, logprobs=2, extra_args={"ooospec": "off"})
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0].outputs[0]
-        margin = margin_at(out.logprobs, k)
+        prompt, output = ref["_trace"][turn]
+        margin = next_token_margins(llm, [list(prompt) + list(output[:k])], {"ooospec": "off"})[0]
         row["divergence"] = {"turn": turn, "token": k, "margin": margin,
                              "kind": "near_tie" if margin is not None and margin <= tie_margin else "defect"}
 

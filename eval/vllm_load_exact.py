@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from ooospec.eval.vllm_runs import first_divergence
+from ooospec.eval.vllm_runs import first_divergence, next_token_margins
 from ooospec.runtime.methods import VLLM_REFERENCE
 
 NEAR_TIE, DEFECT, UNCLASSIFIED = "near_tie", "defect", "unclassified"
@@ -56,16 +56,11 @@ def classify(pairs: Sequence[tuple[dict, dict]], margins_of: Callable[[list[list
 def vllm_margins(model_dir: str, dtype: str, max_model_len: int) -> Callable[[list[list[int]]], list[float | None]]:
     """``margins_of`` on plain vLLM in this process (started on the first call, batch 1, drafts off)."""
     def margins_of(prompts: list[list[int]]) -> list[float | None]:
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        from ooospec.eval.vllm_runs import margin_at
+        from vllm import LLM
 
         llm = LLM(model=model_dir, tokenizer=model_dir, dtype=dtype, max_model_len=max_model_len, seed=0,
                   max_num_seqs=1, enable_prefix_caching=True)
-        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [margin_at(o.outputs[0].logprobs, 0) for o in outs]
+        return next_token_margins(llm, prompts)
 
     return margins_of
 

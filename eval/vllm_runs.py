@@ -139,6 +139,17 @@ def margin_at(logprobs, position: int) -> float | None:
     return values[0] - values[1] if len(values) > 1 else None
 
 
+def next_token_margins(llm, prompts: Sequence[Sequence[int]], extra_args: dict | None = None) -> list[float | None]:
+    """The top-2 logprob margin of the next token after each prompt (token ids), by ``llm`` (a vLLM ``LLM``) in one
+    untimed greedy batch; ``extra_args`` e.g. ``{"ooospec": "off"}`` for an engine that drafts."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2, extra_args=extra_args)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return [margin_at(o.outputs[0].logprobs, 0) for o in outs]
+
+
 def engine_kwargs(args, method: str) -> dict:
     kw = {"model": args.model_dir, "tokenizer": args.model_dir, "dtype": args.dtype,
           "max_model_len": args.max_model_len, "enable_prefix_caching": bool(getattr(args, "warm_tools", False)),
