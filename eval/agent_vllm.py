@@ -167,9 +167,10 @@ def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
 
 
 def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str,
-                max_new_tokens: int, client=None, speculate_top_k: int = 1) -> dict:
+                max_new_tokens: int, client=None, speculate_top_k: int = 1, gated=None) -> dict:
     """One dialogue under one variant (see the module docstring): a row of
-    :func:`~ooospec.eval.agent_bench.run_row`."""
+    :func:`~ooospec.eval.agent_bench.run_row`. ``gated``: the client whose wave gate decides the ``speculative``
+    variant's waves (None: ``client``, every wave sent); ``dedicated`` always sends every wave."""
     from ooospec.runtime.agent.loop import run_agent
     from ooospec.runtime.agent.tools import SpeculativeTools
     from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
@@ -187,7 +188,7 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
         chat.warm_toolbox(dialogue.messages, dialogue.tools[0])
     chat.trace = []
     if variant == "speculative":
-        guesser = counting(make_guesser(speculator, chat, dialogue, client), sent)
+        guesser = counting(make_guesser(speculator, chat, dialogue, gated or client), sent)
     elif variant == "dedicated":
         guesser = dedicated_guesser(client, chat, excluded)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
@@ -257,8 +258,11 @@ def build_engine(args, model_dir: str):
 
 def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialogues: Sequence[Dialogue],
                    latencies: Sequence[float], variants: Sequence[str], *, speculator: str, max_new_tokens: int,
-                   client=None, on_row=None, progress: bool = True, speculate_top_k: int = 1) -> list[dict]:
-    """Every latency x dialogue x variant, variants interleaved per dialogue (after an untimed warm-up)."""
+                   client=None, on_row=None, progress: bool = True, speculate_top_k: int = 1,
+                   gate=None) -> list[dict]:
+    """Every latency x dialogue x variant, variants interleaved per dialogue (after an untimed warm-up). ``gate``
+    (a :class:`~ooospec.runtime.sidecar.gate.WaveGate`): the ``speculative`` variant's waves go through a fresh copy
+    of it per latency, which learns from that latency's turns only."""
     def chat(variant: str, latency: float | str) -> VllmChat:
         return VllmChat(llm, tokenizer, fmt, params, history=f"{variant}@{latency}",
                         stateless=variant == "stateless", eos_token_ids=eos)
@@ -271,11 +275,12 @@ def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialog
     rows: list[dict] = []
     for latency in latencies:
         chats = {v: chat(v, latency) for v in variants}
+        gated = None if gate is None or client is None else _client_like(client, gate.fresh())
         for dialogue in tqdm(dialogues, desc=f"agent-bench (vLLM) latency {latency:g}s", disable=not progress):
             for variant in variants:
                 rows.append(replay_vllm(chats[variant], dialogue, latency, variant, speculator=speculator,
                                         max_new_tokens=max_new_tokens, client=client,
-                                        speculate_top_k=speculate_top_k))
+                                        speculate_top_k=speculate_top_k, gated=gated))
                 mark_exact(rows)
                 if on_row is not None:
                     on_row(rows)
@@ -312,7 +317,8 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
               "speculate_top_k": args.speculate_top_k,
               "dialogues": [d.id for d in dialogues],
               "sidecar": None if client is None else {"url": args.sidecar_url, "wave": args.sidecar_wave,
-                                                      "top_k": args.sidecar_top_k}}
+                                                      "top_k": args.sidecar_top_k,
+                                                      "gate": args.sidecar_gate}}
     env = {**vllm_environment(args), "prefix_caching": True, "warm_tools": True, "sidecar_server": _served(args)}
     llm = build_engine(args, model_dir)
     t0 = time.perf_counter()
@@ -326,7 +332,8 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
 
     rows = run_bench_vllm(llm, tokenizer, fmt, params, eos, dialogues, latencies, variants,
                           speculator=args.speculator, max_new_tokens=args.max_new_tokens, client=client,
-                          on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k)
+                          on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k,
+                          gate=_gate(args) if client is not None else None)
     classify(llm, rows, args.tie_margin)
     results = save(rows, False)
     write_tables(out, results["summary"])
@@ -337,6 +344,25 @@ def _client(args):
     from ooospec.runtime.sidecar.client import SidecarClient
 
     return SidecarClient(args.sidecar_url, wave=args.sidecar_wave, top_k=args.sidecar_top_k)
+
+
+def _client_like(client, gate):
+    """A client of ``client``'s server and wave, its waves decided by ``gate``."""
+    from ooospec.runtime.sidecar.client import SidecarClient
+
+    return SidecarClient(client.base_url, wave=client.wave, top_k=client.top_k, min_prob=client.min_prob, gate=gate)
+
+
+def _gate(args):
+    """``--sidecar-gate on``: the wave gate of the shared deployment (the sidecar on the target's cores), None: off."""
+    from ooospec.runtime.sidecar.deployments import GATE_ON
+
+    if args.sidecar_gate != GATE_ON:
+        return None
+    from ooospec.eval.agent_replay import DEPLOYMENT
+    from ooospec.runtime.sidecar.gate import WaveGate
+
+    return WaveGate(DEPLOYMENT.prior)
 
 
 def _served(args) -> dict | None:

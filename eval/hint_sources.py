@@ -7,6 +7,8 @@
 The sources themselves (:class:`~ooospec.eval.ooospec_method.SidecarHints` and the time-zero ceilings) are in
 :mod:`ooospec.eval.ooospec_method`; this module picks one from :class:`HintOptions` (``ooospec bench
 --hints/--sidecar-*``, the transfer stage's params) and, for the sidecar, launches its server when none is named.
+How a request's guess is built from a source (a bank of known calls, a wave) is the runtime's, shared with the chat
+model and the vLLM proposer: :mod:`ooospec.runtime.drafters.hint_source`.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ without blocking and, once the hint bank is ready, adds suffix-matched hint bran
 only commit authority: output == greedy AR whatever the sidecar answers, or whether it answers at all.
 
 The bench's hint sources (:class:`BenchHints`, one per :data:`~ooospec.runtime.methods.HINT_SOURCES` name; each
-starts a request's :class:`~ooospec.runtime.drafters.hints.CallGuess`): :class:`SidecarHints` (the real thing), and two
-ceilings through the same views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
+starts a request's :class:`~ooospec.runtime.drafters.hints.CallGuess`, built by
+:mod:`~ooospec.runtime.drafters.hint_source`): :class:`SidecarHints` (the real thing), and two ceilings through the
+same views and bank, ready at time zero, no sidecar -- diagnostics, never a headline:
 
 - :class:`GoldHints` (``--hints gold``, method ``ooospec-gold``): the benchmark's gold call.
 - :class:`OracleHints` (``--hints oracle``, method ``ooospec-oracle``): the call the target itself writes for the
@@ -36,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ooospec.runtime.drafters.hint_source import HintInputs, resolve_hints, start_wave
 from ooospec.runtime.drafters.hints import CallGuess, HintBank, ScheduledBanks
 from ooospec.runtime.methods import BASELINE, GOLD, ORACLE, SIDECAR
 from ooospec.runtime.metrics import nearest_rank
@@ -101,7 +103,7 @@ class TimeZeroHints:
     def start(self, ctx, arrival: float) -> HintBank:
         t0 = time.perf_counter()
         calls = list(self.calls(ctx))[:1]
-        bank = HintBank.from_calls(calls, ctx.fmt, ctx.tokenizer)
+        bank = resolve_hints(HintInputs(calls=calls), ctx.fmt, ctx.tokenizer).guess
         self._build_s = time.perf_counter() - t0
         self._call = calls[0] if calls else None
         return bank
@@ -200,8 +202,8 @@ class SidecarHints:
         import torch
 
         self._ctx = ctx
-        req = self.client.submit(ctx.record["messages"], ctx.record["tools"], fmt=ctx.fmt, tokenizer=ctx.tokenizer,
-                                 arrival=arrival)
+        req = start_wave(self.client, ctx.record["messages"], ctx.record["tools"], fmt=ctx.fmt, tokenizer=ctx.tokenizer,
+                         arrival=arrival)
         if self.deploy.placement is not None and self.deploy.placement.target_cpus == "rest":
             all_cores = cores()
             self._restore = (set(all_cores), torch.get_num_threads())

@@ -71,13 +71,14 @@ def toolbox_of(block: str) -> str:
 
 
 def reset(sidecar) -> None:
-    """The engine holds no block: a fresh prefix cache (transformers) or an emptied sequence 0 (llama.cpp)."""
-    if sidecar.engine == "llama.cpp":
-        sidecar.waves.forget()
-    else:
+    """The engine holds no block: a fresh prefix cache (transformers), an emptied sequence 0 (llama.cpp), an
+    emptied prefix cache (vLLM)."""
+    if sidecar.engine == "transformers":
         from ooospec.runtime.agent.session import PrefixCache
 
         sidecar.prefix_cache = PrefixCache(max_tokens=16384)
+    else:
+        sidecar.reset_cache()
 
 
 def answer_row(sidecar, row: Mapping, shape: str, *, top_k: int, min_prob: float) -> dict:
@@ -213,8 +214,9 @@ def render(summary: Sequence[Mapping], agree: Mapping[str, Mapping], env: Mappin
     body = []
     for s in summary:
         a = agree.get(s["config"])
+        by = f" of {a['ties_by']}" if a and a.get("ties_by") else ""
         agree_cell = "-" if a is None else (f"{a['same']}/{a['both']} ({a['ties']} of the {a['both'] - a['same']} "
-                                            f"differences near-ties)")
+                                            f"differences near-ties{by})")
         body.append([s["config"], fmt_cell(s["p50_s"], "{:.3f}"), fmt_cell(s["p90_s"], "{:.3f}"),
                      fmt_cell(s["p50_vs_reference"], "{:.2f}x"), fmt_cell(s.get("prefill_p50_s"), "{:.3f}"),
                      fmt_cell(s.get("decode_p50_s"), "{:.3f}"), fmt_cell(s["mean_queries"], "{:.1f}"),
@@ -243,12 +245,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-prob", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=2, help="requests answered untimed per config first")
     p.add_argument("--tie-nats", type=float, default=0.5)
+    p.add_argument("--vllm-ngram", type=int, default=None,
+                   help="the vLLM engine's n-gram draft tokens per query and step (default: the engine's, 0: none)")
     p.add_argument("--out", type=Path, required=True, help="the JSON of every wave")
     p.add_argument("--report", type=Path, default=None, help="markdown table")
+    p.add_argument("--reference-runs", type=Path, default=None,
+                   help="an earlier run's waves JSON (same rows) whose configs run first: the reference is its first "
+                        "(e.g. transformers from the main venv beside vLLM from its own venv); differences are then "
+                        "classified by the first engine loaded here")
+
+
+def reference_runs(path: Path, rows: Sequence[Mapping]) -> tuple[dict[str, list[dict]], dict, str]:
+    """``(runs, env, reference config)`` of an earlier run; SystemExit when its requests are not ``rows``."""
+    done = json.loads(path.read_text())
+    ids = [r["id"] for r in rows]
+    for key, run in done["runs"].items():
+        if [r["id"] for r in run] != ids:
+            raise SystemExit(f"--reference-runs {path}: {key} answered other requests than these {len(ids)} rows "
+                             "(same rows file, --limit and --seed?)")
+    return done["runs"], done["env"], done["summary"][0]["config"].rsplit(":", 1)[0]
 
 
 def _configs(text: str) -> list[tuple[str, str]]:
-    from ooospec.runtime.sidecar.wave import ENGINES
+    from ooospec.runtime.sidecar.engines import ENGINES
 
     out = []
     for item in text.split(","):
@@ -279,10 +298,15 @@ def run_cli(args: argparse.Namespace) -> int:
         print(text)
         return 0
     runs: dict[str, list[dict]] = {}
+    prior_env: dict = {}
+    reference = ":".join(configs[0])
+    if args.reference_runs:
+        runs, prior_env, reference = reference_runs(args.reference_runs, rows)
     loaded: dict[str, Any] = {}
     for engine, shape in configs:
         if engine not in loaded:
-            loaded[engine] = load_sidecar(args.adapter, threads=args.threads, dtype="auto", engine=engine)
+            options = {"ngram_tokens": args.vllm_ngram} if engine == "vllm" and args.vllm_ngram is not None else {}
+            loaded[engine] = load_sidecar(args.adapter, threads=args.threads, dtype="auto", engine=engine, **options)
         sidecar = loaded[engine]
         for cache in caches:
             key = f"{engine}:{shape}:{cache}"
@@ -290,20 +314,25 @@ def run_cli(args: argparse.Namespace) -> int:
             runs[key] = run_config(sidecar, tqdm(rows, desc=key), shape, cache, top_k=args.top_k,
                                    min_prob=args.min_prob)
     by_id = {r["id"]: r for r in rows}
+    judge = loaded.get(reference.split(":")[0]) or next(iter(loaded.values()))
     agree = {}
     for cache in caches:
-        ref_key = f"{configs[0][0]}:{configs[0][1]}:{cache}"
+        ref_key = f"{reference}:{cache}"
         for key, run in runs.items():
-            if key.endswith(f":{cache}") and key != ref_key:
+            if key.endswith(f":{cache}") and key != ref_key and ref_key in runs:
                 a = agreement(runs[ref_key], run)
-                a["ties"] = classify_ties(loaded[configs[0][0]], by_id, a["differ"], args.tie_nats)
+                a["ties"] = classify_ties(judge, by_id, a["differ"], args.tie_nats)
+                a["ties_by"] = judge.engine
                 agree[key] = a
-    ref = f"{configs[0][0]}:{configs[0][1]}:cold"
-    summary = summarize(rows, runs, ref)
+    summary = summarize(rows, runs, f"{reference}:cold")
     info = cpu_info()
     env = {"cpu": info["model"], "flags": info["flags"], "threads": args.threads, "requests": len(rows),
            "adapter": str(args.adapter or "adapters/sidecar"),
-           "engines": {e: {"weights": s.weights, "threads": s.threads} for e, s in loaded.items()}}
+           "engines": {**prior_env.get("engines", {}),
+                       **{e: {"weights": s.weights, "threads": s.threads} for e, s in loaded.items()}}}
+    if args.reference_runs:
+        env["reference_runs"] = {"path": str(args.reference_runs), "command": json.loads(
+            args.reference_runs.read_text())["command"]}
     command = "python -m ooospec.eval.sidecar_engines " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".partial")

@@ -1,9 +1,9 @@
 """``ooospec sidecar``: serve the sidecar over HTTP, or predict calls for a dataset offline.
 
     ooospec sidecar serve [--adapter DIR] [--host 127.0.0.1] [--port 8765] [--threads T] [--cpus 1]
-                          [--prefix-cache-tokens 16384] [--no-calibrate] [--engine auto|transformers|llama.cpp]
+                          [--prefix-cache-tokens 16384] [--no-calibrate] [--engine auto|transformers|llama.cpp|vllm]
     ooospec sidecar predict [--adapter DIR] --dataset FILE_OR_BENCHMARK --out preds.jsonl [--threads T]
-                            [--prefix-cache-tokens N [--warm-tools]] [--engine auto|transformers|llama.cpp]
+                            [--prefix-cache-tokens N [--warm-tools]] [--engine auto|transformers|llama.cpp|vllm]
                             [--wave all|function-first [--top-k 2] [--min-prob 0.1]]
 
 ``--adapter`` defaults to ``$OOOSPEC_SIDECAR_ADAPTER``, else the shipped adapter (:mod:`ooospec.runtime.paths`).

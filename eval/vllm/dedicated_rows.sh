@@ -4,7 +4,9 @@
 # target with that wave's hints released at the measured latency: a device of its own as fast as this CPU), beside
 # vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached).
 # `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
-#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS
+# ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
+# METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
+#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS / ENGINE
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -17,13 +19,16 @@ THREADS=${THREADS:-2}
 ADAPTER=${ADAPTER:-adapters/sidecar}
 GATE=${GATE:-shared}
 METHODS=${METHODS:-vllm,toolspec,ooospec,ooospec-dedicated}
+ENGINE=${ENGINE:-transformers}
+SIDECAR_VENV=.venv
+[ "$ENGINE" = vllm ] && SIDECAR_VENV=.venv-vllm
 ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
 mkdir -p "$OUT"
 if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
   echo "port $PORT already serves something (an earlier sidecar still shutting down?): stop it or set PORT" >&2
   exit 1
 fi
-.venv/bin/ooospec sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine transformers \
+"$SIDECAR_VENV/bin/ooospec" sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine "$ENGINE" \
   > "$OUT/sidecar_server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT

@@ -45,6 +45,7 @@ from ooospec.runtime.agent.session import SessionStore
 from ooospec.runtime.backends.models import eos_token_ids
 from ooospec.runtime.backends.target import Target
 from ooospec.runtime.decoding import RequestDecoder
+from ooospec.runtime.drafters.hint_source import HintInputs, resolve_hints
 from ooospec.runtime.drafters.hints import CallGuess, HintDrafter
 from ooospec.runtime.engine import GenerationResult
 from ooospec.runtime.formats import common, detect_format
@@ -250,18 +251,18 @@ class ChatModel:
         """Decode the assistant's next turn.
 
         Args:
-            hints: a guess of this turn's call, for a method that takes hints; None = the sidecar's wave, if any.
+            hints: a guess of this turn's call, for a method that takes hints; None = the sidecar's wave, if any
+                (:func:`~ooospec.runtime.drafters.hint_source.resolve_hints`).
             on_tokens: called with the tokens generated so far after every committed token (streaming); an
                 exception it raises ends generation and propagates (the session is emptied, nothing is lost).
         """
         arrival = time.perf_counter()
         messages, shown_tools, names, opening, prompt = (turn.messages, turn.tools, turn.tool_names, turn.opening,
                                                           turn.prompt_ids)
-        request = None
-        if self.takes_hints and hints is None and self.sidecar is not None and shown_tools:
-            request = hints = self.sidecar.submit(messages, shown_tools, fmt=self.fmt, tokenizer=self.tokenizer,
-                                                  arrival=arrival)
-        hint_drafter = HintDrafter(hints) if self.takes_hints and hints is not None else None
+        source = resolve_hints(HintInputs(guess=hints, messages=messages, tools=shown_tools), self.fmt,
+                               self.tokenizer, sidecar=self.sidecar, arrival=arrival) if self.takes_hints else None
+        request = source.guess if source is not None and source.started else None    # the wave this turn started
+        hint_drafter = HintDrafter(source.guess) if source is not None else None
         engine = self.decoder.engine(self.tokenizer, self.fmt, shown_tools, hint_drafter)
         stop = self._stop_rule(opening, bool(shown_tools), on_tokens)
         try:

@@ -7,7 +7,7 @@ a *token* prefix of what is cached; templates do re-render earlier text (Qwen2.5
 once a second tool message follows it; a client sends the call back with other spacing; the tools list grows),
 so every turn compares token ids, keeps the longest common prefix and prefills the rest -- a *rerender*,
 counted with the entries it dropped. Output is exact either way: only entries for identical ids at identical
-positions are reused (``tests/runtime/test_session.py`` checks every turn against a fresh full prefill).
+positions are reused (``tests/runtime/agent/test_session.py`` checks every turn against a fresh full prefill).
 
 :class:`PrefixCache` keeps KV snapshots of prompt prefixes that many conversations share (the system message and
 the tools block), LRU-evicted by a token and a byte budget, with hit / miss counts; a new conversation starts

@@ -433,7 +433,8 @@ def greedy_reference(target: LlamaCppTarget, prompt: Sequence[int], max_new_toke
     """llama.cpp's plain greedy decoding the way its examples run it: the whole prompt in one batch (logits of
     the last token), then one token per ``llama_decode``; argmax in C++ order (``np.argmax``, first maximum).
 
-    Returns ``(tokens, prefill_s, decode_s)``. The reference ``tests/runtime/test_llamacpp.py`` holds the engine to.
+    Returns ``(tokens, prefill_s, decode_s)``. The reference ``tests/runtime/backends/test_llamacpp.py`` holds the
+    engine to.
     """
     L = _lib()
     target.owner = None

@@ -1,6 +1,6 @@
 """The target interface: what the engine, sessions, cost model and bench ask of a target model, and nothing more.
 
-Two backends implement it: :class:`~ooospec.runtime.backends.kv_cache.HFTarget` (a transformers causal LM, its cache a
+Two backends implement it: :class:`~ooospec.runtime.backends.hf_target.HFTarget` (a transformers causal LM, its cache a
 :class:`~ooospec.runtime.backends.kv_cache.KVCache`) and :class:`~ooospec.runtime.backends.llamacpp.LlamaCppTarget` (a
 GGUF on llama.cpp, its cache a :class:`~ooospec.runtime.backends.llamacpp_kv.LlamaCppKV`). Everything above them types
 against
@@ -113,9 +113,9 @@ class Target(Protocol):
 
 def as_target(model: Target | PreTrainedModel) -> Target:
     """The :class:`Target` of ``model``: a torch module (a transformers causal LM) wrapped in
-    :class:`~ooospec.runtime.backends.kv_cache.HFTarget`; a target (``HFTarget``, ``LlamaCppTarget``) as it is."""
+    :class:`~ooospec.runtime.backends.hf_target.HFTarget`; a target (``HFTarget``, ``LlamaCppTarget``) as it is."""
     import torch
 
-    from ooospec.runtime.backends.kv_cache import HFTarget
+    from ooospec.runtime.backends.hf_target import HFTarget
 
     return HFTarget(model) if isinstance(model, torch.nn.Module) else model

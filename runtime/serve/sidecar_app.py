@@ -26,7 +26,7 @@ sidecar's prompts (every layout: the block ends with ``"\\n"``, the query starts
 byte-level BPE tokenizers (GPT-2, SmolLM2, Qwen2/2.5/3, Llama 3): their pre-tokenizers always split between a
 newline and a following letter, and BPE merges never cross a split. The server checks this per request on the
 first prompt and for queries starting with whitespace, and tokenizes whole prompts when it fails (e.g.
-SentencePiece tokenizers that add a prefix space to the query). ``tests/runtime/test_sidecar_server.py`` tests
+SentencePiece tokenizers that add a prefix space to the query). ``tests/runtime/serve/test_sidecar_app.py`` tests
 the claim on byte-level BPE tokenizers trained in the test. The GPU deployment of the paper serves the same
 adapter with vLLM::
 
@@ -357,9 +357,10 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
           calibrate: bool = True, engine: str = "transformers") -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
 
-    ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.wave.ENGINES`): ``transformers`` (the base
-    dequantized, ``dtype``) or ``llama.cpp`` (the base's registry GGUF + the adapter as a llama.cpp LoRA; it keeps
-    the last block in its KV instead of a prefix cache, so ``prefix_cache_tokens`` does not apply).
+    ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.engines.ENGINES`): ``transformers`` (the base
+    dequantized, ``dtype``), ``llama.cpp`` (the base's registry GGUF + the adapter as a llama.cpp LoRA; it keeps
+    the last block in its KV instead of a prefix cache, so ``prefix_cache_tokens`` does not apply) or ``vllm``
+    (the adapter merged into its base, vLLM's own prefix cache; ``prefix_cache_tokens`` does not apply either).
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
     ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.agent.session.PrefixCache`,

@@ -24,17 +24,16 @@ the GGUF's kernels disagree (measured: ``eval/reports/sidecar-engines/``).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ooospec.runtime.sidecar.lora import lora_alpha, lora_pairs
 from ooospec.runtime.sidecar.wave import (
     Propose,
     Sidecar,
@@ -69,23 +68,6 @@ def permute_rows(weight, heads: int):
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _peft_module(key: str) -> tuple[str, str] | None:
-    """``("model.layers.0.self_attn.q_proj", "a")`` of a PEFT key ``base_model.model.<module>.lora_A.weight``."""
-    for part, ab in ((".lora_A.weight", "a"), (".lora_B.weight", "b")):
-        if key.endswith(part):
-            return key.removeprefix("base_model.model.")[: -len(part)], ab
-    return None
-
-
-def _lora_alpha(config: Mapping) -> float:
-    """The alpha llama.cpp needs to scale by PEFT's factor: ``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA."""
-    for key in ("use_dora", "alpha_pattern", "rank_pattern", "modules_to_save"):
-        if config.get(key):
-            raise ValueError(f"adapter_config.json: {key}={config[key]!r} is not supported by the llama.cpp engine")
-    r, alpha = int(config["r"]), float(config["lora_alpha"])
-    return alpha * math.sqrt(r) if config.get("use_rslora") else alpha
-
-
 def lora_to_gguf(adapter_dir: str | os.PathLike, base_gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the PEFT LoRA in ``adapter_dir`` as a llama.cpp LoRA GGUF for ``base_gguf`` (float32), atomically.
 
@@ -95,11 +77,10 @@ def lora_to_gguf(adapter_dir: str | os.PathLike, base_gguf: str | os.PathLike, o
     module without a GGUF name, an unpaired A/B, or an unsupported adapter option.
     """
     import gguf
-    from safetensors.torch import load_file
 
     adapter_dir, out = Path(adapter_dir), Path(out)
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    alpha = _lora_alpha(config)
+    lora, config = lora_pairs(adapter_dir)
+    alpha = lora_alpha(config)
     reader = gguf.GGUFReader(str(base_gguf))
     arch_name = _field_str(reader, "general.architecture")
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
@@ -112,15 +93,11 @@ def lora_to_gguf(adapter_dir: str | os.PathLike, base_gguf: str | os.PathLike, o
     kv_heads = int(_field_num(reader, f"{arch_name}.attention.head_count_kv"))
     base_tensors = {t.name for t in reader.tensors}
     pairs: dict[str, dict[str, object]] = {}
-    for key, value in load_file(str(adapter_dir / "adapter_model.safetensors")).items():
-        found = _peft_module(key)
-        if found is None:
-            raise ValueError(f"{adapter_dir}: tensor {key!r} is not a LoRA A/B weight")
-        module, ab = found
+    for module in sorted(lora):
         name = names.get_name(module + ".weight", try_suffixes=(".weight",))
         if name is None or name not in base_tensors:
             raise ValueError(f"{adapter_dir}: module {module!r} has no tensor in {Path(base_gguf).name}")
-        pairs.setdefault(name, {})[ab] = value.float().numpy()   # bf16 adapters too
+        pairs[name] = {ab: w.float().numpy() for ab, w in lora[module].items()}   # bf16 adapters too
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(tmp), arch_name)
@@ -128,8 +105,6 @@ def lora_to_gguf(adapter_dir: str | os.PathLike, base_gguf: str | os.PathLike, o
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", alpha)
     for name in sorted(pairs):
-        if set(pairs[name]) != {"a", "b"}:
-            raise ValueError(f"{adapter_dir}: {name} has lora_{''.join(pairs[name])} without its pair")
         writer.add_tensor(name + ".lora_a", pairs[name]["a"])
         lora_b = pairs[name]["b"]
         if arch_name in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_k.weight")):

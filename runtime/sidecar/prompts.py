@@ -12,7 +12,7 @@
 ``expand_slots`` builds its rows, ``train_sidecar`` packs them (:mod:`ooospec.pipelines.packing`), the sidecar
 (:mod:`ooospec.runtime.sidecar.wave`, :mod:`ooospec.runtime.serve.sidecar_app`) answers waves, and the client
 (:mod:`ooospec.runtime.sidecar.client`) builds and joins them -- all with this module. It imports no torch
-(``tests/runtime/test_sidecar_prompts.py`` checks), so a client process never loads a model stack.
+(``tests/runtime/sidecar/test_prompts.py`` checks), so a client process never loads a model stack.
 
 Layout 2, "context first": every query of a request shares ONE block of text -- the conversation, then every tool
 with its parameters -- followed by a short per-slot query line. The block is

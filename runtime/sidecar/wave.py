@@ -10,7 +10,7 @@ then every live branch advances per forward, each seeing the block and its own t
 EOS) verified greedily in the same forward (:func:`~ooospec.runtime.verify.accept_greedy`). The wave costs one
 prefill, one forward over the query tree and at most (longest answer) branch forwards. Each branch ends at EOS or
 at ``max_new_tokens`` with exactly the tokens greedy decoding of that slot's prompt on its own gives, drafts or
-not (``tests/runtime/test_sidecar.py`` checks this on tiny float64 models).
+not (``tests/runtime/sidecar/test_wave.py`` checks this on tiny float64 models).
 
 The prompt layout, its tokenization (:func:`~ooospec.runtime.sidecar.prompts.encode_wave`), the joining of
 answers and the adapter's metadata are the sidecar's contract, :mod:`ooospec.runtime.sidecar.prompts`.

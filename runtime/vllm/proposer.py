@@ -282,36 +282,16 @@ class ChainProposer:
         return self.histories[""].acceptance
 
     def _hints(self, args: xargs.RequestArgs):
-        """The request's :class:`~ooospec.runtime.drafters.hints.HintDrafter` (None: no hints, or they did not
-        build)."""
+        """The request's :class:`~ooospec.runtime.drafters.hints.HintDrafter`: its schedule, its ``ooospec_hint`` text
+        at once, else a sidecar wave (:func:`~ooospec.runtime.drafters.hint_source.resolve_hints`). None: no hints,
+        or they did not build (a fault: ``hints``, or ``sidecar`` for a wave that did not start)."""
+        from ooospec.runtime.drafters.hint_source import HintInputs, resolve_hints
         from ooospec.runtime.drafters.hints import HintDrafter
 
-        try:
-            source = self._hint_source(args)
-            return HintDrafter(source) if source is not None else None
-        except Exception as e:  # noqa: BLE001 - hints that cannot be built leave the request as toolspec
-            self.faults("hints", f"not built: {type(e).__name__}: {e}")
-            return None
-
-    def _hint_source(self, args: xargs.RequestArgs):
-        """The request's hints: its schedule, its ``ooospec_hint`` text at once, else a sidecar wave (None: no
-        hints)."""
-        from ooospec.runtime.drafters.hints import HintBank, ScheduledBanks
-
-        if args.schedule is not None:
-            return ScheduledBanks.from_calls(args.schedule, self.fmt, self.tokenizer)
-        if args.hint:
-            calls = self.fmt.parse_calls(args.hint)
-            if calls:
-                return HintBank.from_calls(calls, self.fmt, self.tokenizer)
-            return HintBank({"text": self.tokenizer(args.hint, add_special_tokens=False)["input_ids"]})
-        if self.sidecar is None or not args.tools or not args.messages:
-            return None
-        try:
-            return self.sidecar.submit(args.messages, args.tools, fmt=self.fmt, tokenizer=self.tokenizer)
-        except Exception as e:  # noqa: BLE001 - a wave that cannot start leaves the request as toolspec
-            self.faults("sidecar", f"wave not started: {type(e).__name__}: {e}")
-            return None
+        inputs = HintInputs(schedule=args.schedule, text=args.hint, tools=args.tools,
+                            messages=args.messages or None)     # an empty conversation is none: no wave
+        source = resolve_hints(inputs, self.fmt, self.tokenizer, sidecar=self.sidecar, on_fault=self.faults)
+        return HintDrafter(source.guess) if source is not None else None
 
     def finish(self, req_id: str) -> None:
         """vLLM dropped the request: the retrieval bank and the next FSM learn from its output."""

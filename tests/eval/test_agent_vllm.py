@@ -216,3 +216,31 @@ def test_classify_names_a_near_tie_and_a_defect_by_the_reference_margin(fake_vll
     summary = {s["variant"]: s for s in summarize([{**r, "wall_s": 1.0, "turns": [], "calls": 0, "hits": 0}
                                                     for r in rs])}
     assert summary["dedicated"]["defects"] == 1 and summary["dedicated"]["near_ties"] == 0
+
+
+def test_the_speculative_variant_asks_the_gated_client_and_dedicated_the_plain_one(fake_vllm):
+    llm, tok = fake_vllm
+
+    class _Gated(_Client):              # what a gated client's submit gives: a guess of the turn's call
+        def submit(self, messages, tools, **kw):
+            self.submitted += 1
+            return HintBank.from_calls([self.call], hermes, tok)
+
+    plain, gated = _Client(CALL), _Gated(CALL)
+    for v in ("speculative", "dedicated"):
+        agent_vllm.replay_vllm(_chat(llm, tok, v), DIALOGUE, 0.0, v, speculator="sidecar", max_new_tokens=24,
+                               client=plain, gated=gated)
+    assert gated.submitted == 2 and plain.submitted == 2      # one wave per turn each: the gate's, then all
+
+
+def test_sidecar_gate_on_is_the_shared_deployments_gate_and_each_latency_gets_its_own():
+    from ooospec.runtime.sidecar.client import SidecarClient
+    from ooospec.runtime.sidecar.gate import WaveGate
+
+    assert agent_vllm._gate(types.SimpleNamespace(sidecar_gate="off")) is None
+    gate = agent_vllm._gate(types.SimpleNamespace(sidecar_gate="on"))
+    assert isinstance(gate, WaveGate)
+    client = SidecarClient("http://127.0.0.1:9", wave="function-first", top_k=3)
+    copy = agent_vllm._client_like(client, gate.fresh())
+    assert (copy.base_url, copy.wave, copy.top_k) == (client.base_url, "function-first", 3)
+    assert copy.gate is not gate and client.gate is None

@@ -156,7 +156,8 @@ def test_fixed_method_stays_within_its_budget(results):
 
 @pytest.fixture
 def fake_roofline(monkeypatch):
-    """The roofline probes sweep 1 GiB and time large matmuls: faked here, tested in tests/runtime/test_hardware."""
+    """The roofline probes sweep 1 GiB and time large matmuls: faked here, tested in
+    tests/runtime/backends/test_hardware."""
     monkeypatch.setattr(hardware, "roofline", lambda dtype, threads: {"cpu": "fake", "flags": [], "threads": threads,
                                                                       "dtype": dtype, **ROOF})
 

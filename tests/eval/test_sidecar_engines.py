@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ooospec.eval import sidecar_engines as se
 from ooospec.runtime.sidecar import prompts as sp
-from tests.runtime.test_sidecar_prompts import MESSAGES, TIME, WEATHER
+from tests.runtime.sidecar.test_prompts import MESSAGES, TIME, WEATHER
 
 TOOLS = [WEATHER, TIME]
 
@@ -33,3 +33,28 @@ def test_quality_and_agreement_count_what_they_say():
     assert se.quality([row], [other])["argument_exact"] == 1.0
     a = se.agreement([ref], [other])
     assert (a["both"], a["same"]) == (3, 2) and a["differ"] == [("r", "get_weather.unit", "null", '"celsius"')]
+
+
+def test_configs_name_every_engine_and_refuse_others():
+    assert se._configs("transformers:all,vllm:function-first") == [("transformers", "all"),
+                                                                    ("vllm", "function-first")]
+    import pytest
+
+    with pytest.raises(SystemExit, match="engine:shape"):
+        se._configs("sglang:all")
+
+
+def test_reference_runs_must_answer_the_same_rows(tmp_path):
+    import json
+
+    import pytest
+
+    rows = [{"id": "a"}, {"id": "b"}]
+    run = [{"id": "a", "answers": {}}, {"id": "b", "answers": {}}]
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps({"runs": {"transformers:all:cold": run}, "env": {"engines": {}},
+                                "summary": [{"config": "transformers:all:cold"}], "command": "x"}))
+    runs, _, reference = se.reference_runs(path, rows)
+    assert reference == "transformers:all" and list(runs) == ["transformers:all:cold"]
+    with pytest.raises(SystemExit, match="other requests"):
+        se.reference_runs(path, rows[:1])

@@ -1,5 +1,5 @@
 """A manual probe of two RUNNING servers with the hostile requests of the README's reliability table (pytest does not
-collect it; the in-process regression tests are tests/runtime/test_admission.py and test_server_fuzz.py)::
+collect it; the in-process regression tests are tests/runtime/serve/test_admission.py and test_server_fuzz.py)::
 
     ooospec sidecar serve --port 8799 --threads 1 &
     ooospec serve --target qwen2.5-coder-0.5b --port 8798 --threads 1 &

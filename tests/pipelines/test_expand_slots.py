@@ -24,7 +24,8 @@ def _rows(record, params=NO_CAP, split="train"):
 
 def test_known_record_row_is_the_wave_with_gold_answers():
     # records are stored as canonical JSON (sorted keys), so schema properties come in alphabetical order
-    (row,) = _rows(RECORDS[WEATHER_ID], dataclasses.replace(NO_CAP, layout=2))   # 3: tests/runtime/test_layouts.py
+    # layout 2 here; layout 3 is in tests/runtime/sidecar/test_layouts.py
+    (row,) = _rows(RECORDS[WEATHER_ID], dataclasses.replace(NO_CAP, layout=2))
     assert row["id"] == f"{WEATHER_ID}#0" and row["function"] == "getCurrentWeather"
     assert row["block"] == (
         "Conversation:\n"

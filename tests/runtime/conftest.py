@@ -56,7 +56,7 @@ def tiny_model(family: str, dtype: torch.dtype = torch.float64, **overrides):
 # The forward cost engines plan with in these tests (unless a test passes its own): a fixed curve like fp32 on AVX2,
 # where a 16-node tree costs 2.5 one-token steps, instead of a timing of the tiny model, so the trees the budget
 # policy picks (and the tests that count forwards) do not depend on the machine or its load.
-# tests/runtime/test_cost_model.py measures real curves.
+# tests/runtime/backends/test_cost_model.py measures real curves.
 AVX2_FP32_COST = ForwardCost((1, 2, 4, 8, 16, 32, 64), (1.0, 1.08, 1.2, 1.5, 2.5, 4.5, 8.5))
 
 

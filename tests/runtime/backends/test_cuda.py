@@ -1,6 +1,6 @@
 """The HF backend on a CUDA device: the engine's exactness on tiny float64 models (no download).
 
-Skipped without a GPU (CI has none); run on a GPU machine with ``pytest -m gpu tests/runtime/test_cuda.py``.
+Skipped without a GPU (CI has none); run on a GPU machine with ``pytest -m gpu tests/runtime/backends/test_cuda.py``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import running_app
 
 RECORDS = [json.loads(line) for line in
-           (Path(__file__).resolve().parents[1] / "fixtures" / "train_records.jsonl").read_text().splitlines()]
+           (Path(__file__).resolve().parents[2] / "fixtures" / "train_records.jsonl").read_text().splitlines()]
 LIMITS = Limits(max_body_bytes=200_000, max_prompts=64, max_prompt_tokens=6000, max_tokens=16)
 EOS = 258                # the byte tokenizer's </s>
 

@@ -11,8 +11,8 @@ from ooospec.runtime.agent.loop import run_agent
 from ooospec.runtime.agent.session import PrefixCache, SessionStore
 from ooospec.runtime.agent.tools import SpeculativeTools, ToolRegistry
 from ooospec.runtime.drafters.hints import HintBank
+from tests.runtime.agent.test_tools import Counter
 from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
-from tests.runtime.test_tools import Counter
 
 
 def _chat(sessions: bool, method: str = "toolspec") -> ChatModel:

@@ -12,7 +12,7 @@ from ooospec.runtime.decoding import ToolSpecDrafters
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.proposer import ChainProposer, ProposerConfig
 from tests.runtime.chat_tiny import CALL_TEXT, TOOLS, USER, trained_chat_model
-from tests.runtime.test_vllm_chain import chain_decode, greedy
+from tests.runtime.vllm_plugin.test_chain import chain_decode, greedy
 
 
 def nested_schema(depth: int, kind: str = "object") -> str:

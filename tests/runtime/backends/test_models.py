@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_bpe import toy_bpe
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ooospec.runtime.backends import hardware, models
+from tests.runtime.toy_bpe import toy_bpe
 
 
 @pytest.fixture(scope="module")

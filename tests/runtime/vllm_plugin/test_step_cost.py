@@ -10,7 +10,7 @@ import pytest
 from ooospec.runtime.vllm.proposer import ChainProposer, ProposerConfig
 from ooospec.runtime.vllm.step_cost import StepClock, StepCost
 from tests.runtime.chat_tiny import TOOLS, USER, trained_chat_model
-from tests.runtime.test_vllm_chain import chain_decode, greedy
+from tests.runtime.vllm_plugin.test_chain import chain_decode, greedy
 
 
 def test_the_fit_recovers_a_linear_step_cost_and_ignores_stalls():

@@ -1,5 +1,5 @@
 """Function-first waves, pure parts: the two stages' texts, the candidate tools read from top logprobs, the join.
-(The client's two stages against stand-in servers are in test_sidecar_client.py.)"""
+(The client's two stages against stand-in servers are in test_client.py.)"""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar import protocol as sw
-from tests.runtime.test_sidecar_prompts import MESSAGES, TIME, WEATHER
+from tests.runtime.sidecar.test_prompts import MESSAGES, TIME, WEATHER
 
 NEWS = {"type": "function", "function": {"name": "get_news", "parameters": {
     "type": "object", "properties": {"topic": {"type": "string"}, "limit": {"type": "integer"}}}}}

@@ -18,7 +18,7 @@ from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
 
 GOOD = ["0", '"Paris"', '"celsius"', "null"]          # index, get_weather.city, get_weather.unit, get_time.tz
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "train_records.jsonl"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "train_records.jsonl"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
     "parameters": {"type": "object", "required": ["city"], "properties": {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from toy_bpe import CHATML_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
 
 from ooospec.runtime.formats import (
     FORMATS,
@@ -16,6 +15,7 @@ from ooospec.runtime.formats import (
     parse_any,
     plain_json,
 )
+from tests.runtime.toy_bpe import CHATML_TEMPLATE, HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
 
 TOOLS = [
     {"type": "function", "function": {

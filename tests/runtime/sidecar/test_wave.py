@@ -199,6 +199,8 @@ def test_logprobs_follow_each_answer_token_with_or_without_drafts(make_model):
 
 
 def test_auto_engine_is_measured_once_and_cached(tmp_path, monkeypatch):
+    import math
+
     from ooospec.runtime.sidecar import engines as sidecar
 
     monkeypatch.setenv("OOOSPEC_CACHE", str(tmp_path / "cache"))
@@ -206,13 +208,25 @@ def test_auto_engine_is_measured_once_and_cached(tmp_path, monkeypatch):
     adapter.mkdir()
     (adapter / "sidecar.json").write_text(json.dumps({"layout_version": 3, "base": "qwen2.5-coder-0.5b"}))
     monkeypatch.setattr("ooospec.runtime.backends.llamacpp.available", lambda: (True, "test"))
-    ratios = iter([0.5])
-    monkeypatch.setattr(sidecar, "_engine_ratio", lambda *a: next(ratios))
-    assert sidecar.resolve_engine("auto", adapter, threads=2)[0] == "llama.cpp"
+    monkeypatch.setattr(sidecar, "vllm_installed", lambda: True)
+    measured = []
+    seconds = {"transformers": 1.0, "llama.cpp": 0.5, "vllm": math.inf}      # vLLM failed to run here
+
+    def wave_seconds(adapter_dir, threads, dtype, engine):
+        measured.append(engine)
+        return seconds[engine]
+
+    monkeypatch.setattr(sidecar, "_wave_seconds", wave_seconds)
+    engine, why = sidecar.resolve_engine("auto", adapter, threads=2)
+    assert engine == "llama.cpp" and "vllm failed" in why and sorted(measured) == ["llama.cpp", "transformers", "vllm"]
     assert sidecar.resolve_engine("auto", adapter, threads=2)[0] == "llama.cpp"    # cached: not measured again
+    assert len(measured) == 3
     assert sidecar.resolve_engine("transformers", adapter) == ("transformers", "given")
+    seconds["vllm"] = 0.25                            # another machine (threads): measured again, vLLM wins
+    assert sidecar.resolve_engine("auto", adapter, threads=1)[0] == "vllm"
+    monkeypatch.setattr(sidecar, "vllm_installed", lambda: False)
     (adapter / "sidecar.json").write_text(json.dumps({"layout_version": 3, "base": "/some/hf/folder"}))
     engine, why = sidecar.resolve_engine("auto", adapter, threads=2)
     assert engine == "transformers" and "no registry GGUF" in why
     with pytest.raises(ValueError, match="unknown sidecar engine"):
-        sidecar.resolve_engine("vllm", adapter)
+        sidecar.resolve_engine("sglang", adapter)

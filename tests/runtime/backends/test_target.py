@@ -8,7 +8,8 @@ import torch
 
 from ooospec.runtime.agent.session import Session
 from ooospec.runtime.backends import cost_model
-from ooospec.runtime.backends.kv_cache import HFTarget, KVCache
+from ooospec.runtime.backends.hf_target import HFTarget
+from ooospec.runtime.backends.kv_cache import KVCache
 from ooospec.runtime.backends.models import eos_token_ids
 from ooospec.runtime.backends.target import as_target
 from ooospec.runtime.drafters.pld import PromptLookupDrafter

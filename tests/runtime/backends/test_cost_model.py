@@ -9,7 +9,7 @@ import torch
 
 from ooospec.runtime.backends import cost_model
 from ooospec.runtime.backends.cost_model import ForwardCost
-from ooospec.runtime.backends.kv_cache import HFTarget
+from ooospec.runtime.backends.hf_target import HFTarget
 
 
 def test_docstring_example():

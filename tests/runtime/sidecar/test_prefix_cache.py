@@ -20,8 +20,8 @@ from ooospec.runtime.sidecar.gate import Option, WaveGate, wave_compute_s
 from ooospec.runtime.sidecar.wave import Sidecar, decode_branches, measure_wave_cost
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB, tiny_model
+from tests.runtime.serve.test_sidecar_app import LIMITS, RECORDS, get
 from tests.runtime.sidecar_servers import running_app
-from tests.runtime.test_sidecar_server import LIMITS, RECORDS, get
 
 
 def _snap(model, tokens):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from toy_bpe import toy_bpe
 
 from ooospec.runtime.drafters.base import DraftContext
 from ooospec.runtime.drafters.call_state import parse_state
 from ooospec.runtime.drafters.schema_fsm import CallGrammar, SchemaFSMDrafter, tokens_in_context
 from ooospec.runtime.formats import hermes, llama3_json, plain_json
+from tests.runtime.toy_bpe import toy_bpe
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -221,11 +221,12 @@ def test_real_qwen_output_is_mostly_drafted(tokenizer):
 
     Runs everywhere on the toy byte-level BPE (hermes template, merges across the FSM's boundaries) and on a real
     65k byte-level BPE (plain JSON: it has no chat template). Qwen's own tokenizer needs the model cache, so that
-    case is an integration test: ``.venv/bin/python -m pytest -m integration tests/runtime/test_schema_fsm.py``."""
-    from toy_bpe import HERMES_TEMPLATE, with_template
+    case is an integration test:
+    ``.venv/bin/python -m pytest -m integration tests/runtime/drafters/test_schema_fsm.py``."""
     from transformers import AutoTokenizer
 
     from ooospec.runtime.formats import detect_format
+    from tests.runtime.toy_bpe import HERMES_TEMPLATE, with_template
 
     if tokenizer == "toy_bpe":
         tok = with_template(HERMES_TEMPLATE)
