@@ -159,8 +159,8 @@ def engine_environment(threads: int | None) -> dict[str, str]:
 
 class EngineThread:
     """Runs every call on one thread, the one that built the engine: vLLM's CPU worker binds the OpenMP threads of
-    the thread that initialises it to the cores, so a forward from any other thread (a server's worker pool) would
-    run on an unbound team of another size. One thread also serialises the engine's users."""
+    the thread that initialises it to the cores, and a forward from another thread (a server's worker pool) may run
+    on an unbound team instead. One thread also serialises the engine's users."""
 
     def __init__(self):
         from concurrent.futures import ThreadPoolExecutor
