@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -147,16 +146,6 @@ class VllmWaves:
         return tokens, stats
 
 
-def engine_environment(threads: int | None) -> dict[str, str]:
-    """The vLLM CPU settings an in-process sidecar engine needs, set only where the caller left them unset: the
-    engine in this process (no engine-core subprocess: the wave steps it), ``threads`` OpenMP threads bound to
-    cores ``0..threads-1``, a KV cache of :data:`DEFAULT_KV_GIB` GiB."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(DEFAULT_KV_GIB)}
-    if threads:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(threads) - 1}"
-    return {k: v for k, v in env.items() if k not in os.environ}
-
-
 class EngineThread:
     """Runs every call on one thread, the one that built the engine: vLLM's CPU worker binds the OpenMP threads of
     the thread that initialises it to the cores, and a forward from another thread (a server's worker pool) may run
@@ -196,6 +185,7 @@ class VllmSidecar(Sidecar):
         from transformers import AutoTokenizer
         from vllm import LLM
 
+        from ooospec.runtime.backends.hardware import available_cores, vllm_cpu_env
         from ooospec.runtime.paths import sidecar_adapter_dir
         from ooospec.runtime.sidecar import prompts as sp
         from ooospec.runtime.sidecar.lora import merged_checkpoint
@@ -205,7 +195,7 @@ class VllmSidecar(Sidecar):
         adapter_dir = sidecar_adapter_dir(adapter_dir)
         meta = sp.read_metadata(adapter_dir)
         model = merged_checkpoint(adapter_dir)
-        os.environ.update(engine_environment(threads))
+        vllm_cpu_env(threads or available_cores(), kvcache_gb=DEFAULT_KV_GIB)
         spec = ({"method": "ngram", "num_speculative_tokens": ngram_tokens, "prompt_lookup_max": 4,
                  "prompt_lookup_min": 2} if ngram_tokens > 0 else None)
         llm = LLM(model=str(model), tokenizer=str(model), dtype=DTYPES[dtype], max_model_len=max_model_len,
@@ -219,7 +209,9 @@ class VllmSidecar(Sidecar):
 
     @property
     def threads(self) -> int:
-        return int(self._threads or os.cpu_count() or 1)
+        from ooospec.runtime.backends.hardware import available_cores
+
+        return int(self._threads or available_cores())
 
     @property
     def weights(self) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ooospec.runtime.sidecar.lora import lora_pairs, lora_scale, merge_into, merge_weights
-from ooospec.runtime.sidecar.vllm_engine import VllmWaves, engine_environment, top_k_logprobs
+from ooospec.runtime.sidecar.vllm_engine import VllmWaves, top_k_logprobs
 from ooospec.runtime.sidecar.wave import WaveCancelled
 
 V, EOS, CACHE_BLOCK = 50, 0, 4
@@ -221,13 +221,6 @@ def test_bad_waves_are_refused(fake_vllm):
         waves.decode([], [[1]], max_new_tokens=2)
     with pytest.raises(ValueError, match="at least one token"):
         waves.decode([1, 2], [[]], max_new_tokens=2)
-
-
-def test_engine_environment_leaves_what_the_user_set(monkeypatch):
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    env = engine_environment(2)
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and "VLLM_CPU_KVCACHE_SPACE" not in env
 
 
 # ------------------------------------------------------------------------------------------ the merge
