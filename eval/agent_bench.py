@@ -23,8 +23,11 @@ from pathlib import Path
 
 from ooospec.eval.agent_replay import (
     DEPLOYMENT,
+    HISTORY_VARIANT,
     SPECULATORS,
+    VARIANTS,
     Dialogue,
+    check_history_variants,
     load_dialogues,
     run_bench,
     summarize,
@@ -66,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculate-top-k", type=int, default=1,
                    help="candidate calls of each guess run speculatively: the guessed call, then its wave's next "
                         "likeliest functions (function-first); each costs a tool run")
+    p.add_argument("--speculate-history", type=int, default=0,
+                   help="the loop's N most recent distinct earlier calls run speculatively at each turn's arrival, "
+                        "in every speculating variant, and alone in the `history` variant (run when N >= 1); each "
+                        "costs a tool run")
     p.add_argument("--threads", default="auto", help="torch threads: 'auto' or a number")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--out", type=Path, default=None, help="results JSON (default results/agent_bench_<target>.json)")
@@ -99,6 +106,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ooospec.runtime.backends.models import load_target
 
     latencies = _latencies(args.latencies)
+    check_history_variants((), args.speculate_history)
     if args.max_new_tokens < 1:
         raise SystemExit(f"--max-new-tokens must be >= 1 (got {args.max_new_tokens})")
     dialogues = _dialogues(args)
@@ -112,7 +120,8 @@ def run_cli(args: argparse.Namespace) -> int:
     config = {"target": args.target, "datasets": args.datasets, "limit": args.limit, "min_steps": args.min_steps,
               "latencies": latencies, "method": args.method, "speculator": args.speculator,
               "max_new_tokens": args.max_new_tokens, "dialogues": [d.id for d in dialogues],
-              "speculate_top_k": args.speculate_top_k, "sidecar_wave": args.sidecar_wave,
+              "speculate_top_k": args.speculate_top_k, "speculate_history": args.speculate_history,
+              "sidecar_wave": args.sidecar_wave,
               "sidecar_top_k": args.sidecar_top_k,
               "sidecar_gate": args.sidecar_gate if args.speculator == SIDECAR else None}
     env = _environment(args, threads, dtype, model, client)
@@ -130,7 +139,8 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         rows = run_bench(model, tok, dialogues, latencies, method=args.method, speculator=args.speculator,
                          max_new_tokens=args.max_new_tokens, client=client, on_row=lambda rows: save(rows, True),
-                         speculate_top_k=args.speculate_top_k)
+                         speculate_top_k=args.speculate_top_k, speculate_history=args.speculate_history,
+                         variants=VARIANTS + ((HISTORY_VARIANT,) if args.speculate_history > 0 else ()))
     finally:
         if sidecar is not None:
             sidecar.stop()

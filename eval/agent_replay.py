@@ -28,7 +28,13 @@ Variants, each with its own state (drafter history, sessions), run one after the
 ``speculative``   sessions + speculative tool execution: at each turn's arrival the speculator guesses the call;
                   the tool starts as soon as the guess is ready and a key hit serves its result
                   (:class:`~ooospec.runtime.agent.tools.SpeculativeTools`; every replayed tool is side-effect free)
+``history``       sessions + the loop's own earlier calls run speculatively at each turn's arrival
+                  (``--speculate-history N``, no model: what repeating a call is worth without a sidecar)
 ================  =======================================================================================
+
+``--speculate-history N`` (0: off) adds the N most recent distinct earlier calls as guesses in every speculating
+variant (``speculative``, ``dedicated``, ``history``); a hit's source (``guess``: the speculator's call, ``history``)
+is in each turn and in the summary's ``hits_by_source``.
 
 Speculators: ``gold`` -- the step's recorded call, ready at arrival (the ceiling of what a sidecar can give;
 a hit needs the target to make exactly that call); ``sidecar`` -- the sidecar's joined call (``--sidecar-url``, or
@@ -58,7 +64,8 @@ from ooospec.runtime.sidecar.deployments import SHARED
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("stateless", "sessions", "speculative")
-SPECULATING = ("speculative", "dedicated")     # the variants that run tools on a guessed call
+HISTORY_VARIANT = "history"                    # run too when --speculate-history >= 1
+SPECULATING = ("speculative", "dedicated", HISTORY_VARIANT)     # the variants that run tools on a guessed call
 EMULATED_VARIANTS = ("dedicated",)              # the sidecar on a device of its own, emulated (eval/agent_vllm.py)
 SPECULATORS = (GOLD, SIDECAR)   # the hint sources a turn's guess comes from (no oracle: it needs the turn's output)
 DEPLOYMENT = SHARED              # a sidecar this bench starts runs on every core at the bench's threads
@@ -224,8 +231,21 @@ def counting(guesser, sent: list[int]):
     return guess
 
 
+def history_for(variant: str, speculate_history: int) -> int:
+    """How many earlier calls ``variant`` runs speculatively at each turn's arrival (``--speculate-history``)."""
+    return speculate_history if variant in SPECULATING else 0
+
+
+def check_history_variants(variants: Sequence[str], speculate_history: int) -> None:
+    """The ``history`` variant needs ``--speculate-history`` >= 1 (else it is ``sessions``): SystemExit."""
+    if speculate_history < 0:
+        raise SystemExit(f"--speculate-history must be >= 0, got {speculate_history}")
+    if HISTORY_VARIANT in variants and speculate_history < 1:
+        raise SystemExit("--variants history needs --speculate-history N >= 1 (the earlier calls it runs)")
+
+
 def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str, max_new_tokens: int,
-           client=None, speculate_top_k: int = 1) -> dict:
+           client=None, speculate_top_k: int = 1, speculate_history: int = 0) -> dict:
     """One dialogue under one variant: ``{"wall_s", "turns": [...], "texts", ...}`` (see the module docstring)."""
     from ooospec.runtime.agent.loop import run_agent
     from ooospec.runtime.agent.tools import SpeculativeTools
@@ -249,7 +269,7 @@ def replay(chat, dialogue: Dialogue, latency_s: float, variant: str, *, speculat
             client.prefill(messages, tools, only_if_pays=True)   # with a gate: only when it pays
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn, on_tool_start=idle,
-                    speculate_top_k=speculate_top_k)
+                    speculate_top_k=speculate_top_k, speculate_history=history_for(variant, speculate_history))
     return run_row(dialogue, variant, latency_s, run, executor, waves=sent[0])
 
 
@@ -261,7 +281,8 @@ def run_row(dialogue: Dialogue, variant: str, latency_s: float, run, executor, *
     turns = [{"turn": s.turn, "call": s.call, "guess": s.guess, "hit": s.hit, "ok": s.ok,
               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "origin": s.origin,
               "prefilled_tokens": s.prompt_tokens - 1 - s.cached_tokens, "gen_s": s.gen_s,
-              "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason, "wave": s.wave} for s in run.steps]
+              "tool_wait_s": s.tool_wait_s, "finish_reason": s.finish_reason, "wave": s.wave,
+              "hit_source": s.hit_source} for s in run.steps]
     return {"id": dialogue.id, "variant": variant, "latency_s": latency_s, "wall_s": run.wall_s - excluded_s,
             "excluded_s": excluded_s, "steps": dialogue.steps, "turns": turns, "texts": [s.text for s in run.steps],
             "calls": sum(s.call is not None for s in run.steps), "hits": sum(bool(s.hit) for s in run.steps),
@@ -275,7 +296,7 @@ def run_row(dialogue: Dialogue, variant: str, latency_s: float, run, executor, *
 def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequence[float], *,
               method: str = TOOLSPEC, speculator: str = GOLD, max_new_tokens: int = 128, client=None,
               variants: Sequence[str] = VARIANTS, progress: bool = True, on_row=None,
-              speculate_top_k: int = 1) -> list[dict]:
+              speculate_top_k: int = 1, speculate_history: int = 0) -> list[dict]:
     """Every dialogue x latency x variant, variants interleaved per dialogue; one row per run."""
     from ooospec.runtime.agent.chat import ChatModel
     from ooospec.runtime.agent.session import PrefixCache, SessionStore
@@ -299,7 +320,8 @@ def run_bench(model, tokenizer, dialogues: Sequence[Dialogue], latencies: Sequen
                 if client is not None:      # untimed: a cancelled wave still running never slows the next replay
                     wait_idle(client.base_url)
                 row = replay(chats[variant], dialogue, latency, variant, speculator=speculator,
-                             max_new_tokens=max_new_tokens, client=client, speculate_top_k=speculate_top_k)
+                             max_new_tokens=max_new_tokens, client=client, speculate_top_k=speculate_top_k,
+                             speculate_history=speculate_history)
                 rows.append(row)
                 mark_exact(rows)
                 if on_row is not None:
@@ -345,6 +367,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
         exact = [r["exact"] for r in rs if r.get("exact") is not None]
         kinds = [r["divergence"]["kind"] for r in rs if r.get("divergence")]
         decided = [t["wave"]["decision"] for r in rs for t in r["turns"] if t.get("wave")]
+        sources = [t["hit_source"] for r in rs for t in r["turns"] if t.get("hit") and t.get("hit_source")]
         out.append({
             "latency_s": latency, "variant": variant, "dialogues": len(rs),
             "turns": sum(len(r["turns"]) for r in rs), "calls": calls,
@@ -354,6 +377,7 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
             "prefilled_tokens": prefilled,
             "prefill_saved_frac": 1 - prefilled / base_prefilled if base_prefilled else None,
             "hit_rate": sum(r["hits"] for r in rs) / calls if calls else None,
+            "hits_by_source": {k: sources.count(k) for k in sorted(set(sources))},
             "vs_sessions": sum(sessions[r["id"]] for r in paired) / sum(r["wall_s"] for r in paired)
             if paired else None,
             "tool_hidden_s": sum(r.get("tool_hidden_s", 0.0) for r in rs),
@@ -373,7 +397,7 @@ def markdown_table(summary: Sequence[dict]) -> str:
     gated = any(s.get("waves") for s in summary)
     rows = [[f"{s['latency_s']:g} s", variant_label(s["variant"]), s["dialogues"], s["calls"],
              f"{s['mean_wall_s']:.2f}", _ratio(s.get("vs_sessions")), pct(s["saved_frac"]), s["prefilled_tokens"],
-             pct(s["prefill_saved_frac"]), pct(s["hit_rate"]) if s["variant"] in SPECULATING else "",
+             pct(s["prefill_saved_frac"]), _hits(s) if s["variant"] in SPECULATING else "",
              s.get("waves_sent", 0), f"{s.get('tool_hidden_s', 0.0):.1f}", f"{s['tool_wait_s']:.1f}",
              _exact(s)] + ([", ".join(f"{k} {n}" for k, n in s.get("waves", {}).items())] if gated else [])
             for s in summary]
@@ -395,6 +419,12 @@ def _exact(s: dict) -> str:
     notes = [f"{s[k]} {k.replace('_', '-')[:-1] if s[k] == 1 else k.replace('_', '-')}"
              for k in ("near_ties", "defects") if s.get(k)]
     return pct(s["exact_rate"]) + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _hits(s: dict) -> str:
+    """The hit rate column: the share of calls served speculatively, by source when the history served any."""
+    by = s.get("hits_by_source") or {}
+    return pct(s["hit_rate"]) + (f" ({', '.join(f'{k} {n}' for k, n in by.items())})" if by.get("history") else "")
 
 
 def _ratio(x: float | None) -> str:

@@ -29,6 +29,8 @@ block -- cached, untimed; the sidecar likewise starts each dialogue with only th
                   time), then the turn runs with the wave's joined call handed to the tools at the wave's
                   measured latency, and its banks released to the target as hints at their latencies
                   (``ooospec_hint_schedule``)
+``history``       sessions + the loop's own earlier calls run speculatively at each turn's arrival (no sidecar;
+                  ``--speculate-history N`` >= 1, which adds the same guesses to ``speculative`` and ``dedicated``)
 ================  =======================================================================================
 
 With ``--speculator gold`` the guessed call is the step's recorded call, ready at arrival (the ceiling; no wave,
@@ -46,9 +48,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ooospec.eval.agent_replay import (
+    HISTORY_VARIANT,
     Dialogue,
     ReplayTools,
+    check_history_variants,
     counting,
+    history_for,
     make_guesser,
     mark_exact,
     run_row,
@@ -58,7 +63,7 @@ from ooospec.eval.agent_replay import (
 from ooospec.eval.vllm_runs import first_divergence, next_token_margins
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
-VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated")
+VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated", HISTORY_VARIANT)
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 
 
@@ -167,7 +172,8 @@ def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
 
 
 def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: str, *, speculator: str,
-                max_new_tokens: int, client=None, speculate_top_k: int = 1, gated=None) -> dict:
+                max_new_tokens: int, client=None, speculate_top_k: int = 1, gated=None,
+                speculate_history: int = 0) -> dict:
     """One dialogue under one variant (see the module docstring): a row of
     :func:`~ooospec.eval.agent_bench.run_row`. ``gated``: the client whose wave gate decides the ``speculative``
     variant's waves (None: ``client``, every wave sent); ``dedicated`` always sends every wave."""
@@ -193,7 +199,7 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
         guesser = dedicated_guesser(client, chat, excluded)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn,
-                    speculate_top_k=speculate_top_k)
+                    speculate_top_k=speculate_top_k, speculate_history=history_for(variant, speculate_history))
     if variant == "dedicated":
         sent[0] = sum(1 for s in run.steps)        # one wave per turn, each run alone
     row = run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
@@ -259,7 +265,7 @@ def build_engine(args, model_dir: str):
 def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialogues: Sequence[Dialogue],
                    latencies: Sequence[float], variants: Sequence[str], *, speculator: str, max_new_tokens: int,
                    client=None, on_row=None, progress: bool = True, speculate_top_k: int = 1,
-                   gate=None) -> list[dict]:
+                   gate=None, speculate_history: int = 0) -> list[dict]:
     """Every latency x dialogue x variant, variants interleaved per dialogue (after an untimed warm-up). ``gate``
     (a :class:`~ooospec.runtime.sidecar.gate.WaveGate`): the ``speculative`` variant's waves go through a fresh copy
     of it per latency, which learns from that latency's turns only."""
@@ -280,7 +286,8 @@ def run_bench_vllm(llm, tokenizer, fmt, params: dict, eos: Sequence[int], dialog
             for variant in variants:
                 rows.append(replay_vllm(chats[variant], dialogue, latency, variant, speculator=speculator,
                                         max_new_tokens=max_new_tokens, client=client,
-                                        speculate_top_k=speculate_top_k, gated=gated))
+                                        speculate_top_k=speculate_top_k, gated=gated,
+                                        speculate_history=speculate_history))
                 mark_exact(rows)
                 if on_row is not None:
                     on_row(rows)
@@ -299,6 +306,7 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
     from ooospec.runtime.formats import detect_format
 
     variants = variants_of(args.variants, args.speculator)
+    check_history_variants(variants, args.speculate_history)
     if args.speculator == SIDECAR and not args.sidecar_url:
         raise SystemExit("--engine vllm --speculator sidecar needs --sidecar-url (a running `ooospec sidecar serve`)")
     threads = 2 if args.threads == "auto" else int(args.threads)
@@ -314,7 +322,7 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
     config = {"engine": "vllm", "target": args.target, "datasets": args.datasets, "limit": args.limit,
               "min_steps": args.min_steps, "latencies": latencies, "variants": variants,
               "speculator": args.speculator, "max_new_tokens": args.max_new_tokens,
-              "speculate_top_k": args.speculate_top_k,
+              "speculate_top_k": args.speculate_top_k, "speculate_history": args.speculate_history,
               "dialogues": [d.id for d in dialogues],
               "sidecar": None if client is None else {"url": args.sidecar_url, "wave": args.sidecar_wave,
                                                       "top_k": args.sidecar_top_k,
@@ -333,7 +341,8 @@ def run(args, dialogues: Sequence[Dialogue], latencies: Sequence[float]) -> int:
     rows = run_bench_vllm(llm, tokenizer, fmt, params, eos, dialogues, latencies, variants,
                           speculator=args.speculator, max_new_tokens=args.max_new_tokens, client=client,
                           on_row=lambda rows: save(rows, True), speculate_top_k=args.speculate_top_k,
-                          gate=_gate(args) if client is not None else None)
+                          gate=_gate(args) if client is not None else None,
+                          speculate_history=args.speculate_history)
     classify(llm, rows, args.tie_margin)
     results = save(rows, False)
     write_tables(out, results["summary"])

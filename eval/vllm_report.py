@@ -2,7 +2,9 @@
 
 Per target and benchmark: llama.cpp's greedy (when the cell joined an ``ooospec bench`` of the same requests),
 vLLM plain, and each speculative method's speedup over vLLM plain and over llama.cpp, its #MAT (tokens per target
-forward), draft tokens accepted per verify step, and exactness against vLLM's greedy output (near-ties / defects).
+forward), draft tokens accepted per verify step, and exactness against vLLM's greedy output (near-ties / defects);
+each method's ratio to ``toolspec`` of the same cell where it ran (what the sidecar adds to the drafters). A folder
+with cold and warm cells (``<target>_<bench>_cold.json`` / ``_warm.json``) names each row's caching.
 Where the cell has ``vllm-prefill`` rows (time to the first token), also the prefill's share of vLLM plain's time
 and each method's decode speedup (both times less the prefill): the part a drafter can change.
 Writes ``DIR/table.md`` and prints it. :func:`render_table` is one run's table, which ``ooospec vllm-bench`` prints
@@ -16,11 +18,11 @@ import json
 from pathlib import Path
 
 from ooospec.reporting import md_table
-from ooospec.runtime.methods import LLAMACPP_REFERENCE, REGISTRY, VLLM_PREFILL, VLLM_REFERENCE
+from ooospec.runtime.methods import LLAMACPP_REFERENCE, REGISTRY, TOOLSPEC, VLLM_PREFILL, VLLM_REFERENCE
 
 HEADERS = ["target", "benchmark", "n", f"{LLAMACPP_REFERENCE} s", f"{VLLM_REFERENCE} s", "prefill s", "method",
-           "mean s", f"vs {VLLM_REFERENCE}", f"decode vs {VLLM_REFERENCE}", f"vs {LLAMACPP_REFERENCE}", "#MAT",
-           "accepted / verify step", "identical", "near-ties", "defects"]
+           "mean s", f"vs {VLLM_REFERENCE}", f"decode vs {VLLM_REFERENCE}", f"vs {LLAMACPP_REFERENCE}",
+           f"vs {TOOLSPEC}", "#MAT", "accepted / verify step", "identical", "near-ties", "defects"]
 SKIP = (VLLM_REFERENCE, VLLM_PREFILL)     # the reference and the prefill probe are columns, not rows
 
 
@@ -38,23 +40,27 @@ def cells(folder: Path) -> list[dict]:
         data = json.loads(path.read_text())
         if "methods" in data and "order" in data:
             out.append(data)
-    return sorted(out, key=lambda d: (d["target"], d["dataset"]))
+    return sorted(out, key=lambda d: (d["target"], d["dataset"], bool(d["env"].get("warm_tools"))))
 
 
-def rows_of(cell: dict) -> list[list]:
+def rows_of(cell: dict, with_caching: bool = False) -> list[list]:
+    """The cell's method rows; ``with_caching``: the benchmark label says how the prompt KV started."""
     m = cell["methods"]
     llama = m.get(LLAMACPP_REFERENCE, {}).get("mean_s")
     prefill = m.get(VLLM_PREFILL, {}).get("mean_s")
+    toolspec = m.get(TOOLSPEC, {}).get("mean_s")
+    bench = cell["dataset"] + (f" ({caching(cell['env'])})" if with_caching else "")
     rows = []
     for name in cell["order"]:
         if name in SKIP:
             continue
         s = m[name]
-        rows.append([Path(cell["target"]).name, cell["dataset"], s["n"], f"{llama:.2f}" if llama else "",
+        rows.append([Path(cell["target"]).name, bench, s["n"], f"{llama:.2f}" if llama else "",
                      f"{m[VLLM_REFERENCE]['mean_s']:.2f}", f"{prefill:.2f}" if prefill else "", method_label(name),
                      f"{s['mean_s']:.2f}",
                      f"{s['speedup']:.2f}x", f"{s['decode_speedup']:.2f}x" if "decode_speedup" in s else "",
-                     f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "", f"{s['mat']:.2f}",
+                     f"{s['vs_llamacpp']:.2f}x" if "vs_llamacpp" in s else "",
+                     f"{toolspec / s['mean_s']:.2f}x" if toolspec and name != TOOLSPEC else "", f"{s['mat']:.2f}",
                      f"{s['accepted_per_step']:.2f}", f"{round(s['exact_rate'] * s['n'])}/{s['n']}"
                      + (f" ({s['unclassified']} unclassified)" if s.get("unclassified") else ""),
                      s["near_ties"], s["defects"]])
@@ -67,10 +73,12 @@ def render(folder: Path) -> str:
         raise SystemExit(f"{folder}: no vllm-bench results (<target>_<bench>.json)")
     env = found[0]["env"]
     cpu = env["cpu"]
-    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, {caching(env)}, "
+    mixed = len({caching(cell["env"]) for cell in found}) > 1
+    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, "
+            f"{'caching per row' if mixed else caching(env)}, "
             f"k = {env['k']} (ngram {env['ngram_k']}), up to {env.get('max_new_tokens', '?')} new tokens; "
             f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
-    rows = [r for cell in found for r in rows_of(cell)]
+    rows = [r for cell in found for r in rows_of(cell, with_caching=mixed)]
     return head + "\n\n" + md_table(HEADERS, rows, labels=2)
 
 

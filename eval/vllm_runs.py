@@ -62,6 +62,9 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
     p.add_argument("--chain-cost-slope", type=float, default=0.02)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="on a GPU: the share of its memory the target's engine takes (vLLM's default 0.9; less when "
+                        "a sidecar server runs on the same GPU)")
 
 
 def sidecar_wave(args) -> dict:
@@ -93,10 +96,11 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
     """``record id -> [[after_s, calls], ...]``: each request's sidecar wave run ALONE (nothing else runs: no vLLM
     engine is loaded yet), one request after the other, each bank it produced (a function-first wave's early one,
     then the final one) with its latency from submission -- what ``ooospec-dedicated`` replays inside vLLM.
-    ``warm_tools``: the request's toolbox is prefilled first, untimed. A failed wave gives an empty schedule."""
+    ``warm_tools``: the request's toolbox is prefilled first, untimed; else the server forgets every earlier block
+    first (a cold toolbox: no earlier request's block either). A failed wave gives an empty schedule."""
     from ooospec.eval.ooospec_method import ReleasedGuess
     from ooospec.runtime.sidecar.client import SidecarClient
-    from ooospec.runtime.sidecar.process import wait_idle
+    from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
     from ooospec.runtime.sidecar.prompts import toolbox_messages
 
     client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"])   # alone: nothing to gate
@@ -105,6 +109,9 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
         wait_idle(url)
         if warm_tools:
             client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
+        elif not reset_prefix_cache(url):
+            raise SystemExit(f"ooospec-dedicated: {url} did not forget its blocks (POST /reset_prefix_cache), so the "
+                             f"cold waves would start warm")
         arrival = time.perf_counter()
         req = client.submit(record["messages"], record["tools"], fmt=fmt, tokenizer=tokenizer, arrival=arrival)
         guess = ReleasedGuess.after_alone(req, arrival, timeout)
@@ -155,6 +162,8 @@ def engine_kwargs(args, method: str) -> dict:
           "max_model_len": args.max_model_len, "enable_prefix_caching": bool(getattr(args, "warm_tools", False)),
           "seed": 0,
           "disable_log_stats": False, "max_num_seqs": 1}
+    if getattr(args, "gpu_memory_utilization", None):
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     spec = speculative_config(method, args.k, args.ngram_k)
     if spec is not None:
         kw["speculative_config"] = spec
@@ -193,9 +202,11 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
             sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text"),
                                                                    schedules.get(record["id"])) or None)
             if sidecar:       # the previous request's wave may still run: untimed, let it finish
-                from ooospec.runtime.sidecar.process import wait_idle
+                from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
 
                 wait_idle(sidecar)
+                if not blocks:    # a cold toolbox: the sidecar holds no earlier block either
+                    reset_prefix_cache(sidecar)
             before = counters(llm)
             t = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
@@ -231,6 +242,8 @@ def server_command(args, method: str, port: int) -> list[str]:
            "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]), "--no-enable-prefix-caching",
            "--seed", "0", "--max-num-seqs", str(args.server_max_seqs), "--enable-lora", "--max-lora-rank", "64",
            "--lora-modules", f"{SERVED_NAME}={args.serve_lora}"]
+    if "gpu_memory_utilization" in kw:
+        cmd += ["--gpu-memory-utilization", str(kw["gpu_memory_utilization"])]
     if "speculative_config" in kw:
         cmd += ["--speculative-config", json.dumps(kw["speculative_config"])]
     if "additional_config" in kw:

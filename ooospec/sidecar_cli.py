@@ -128,8 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sidecar weights (auto: bf16 where the CPU multiplies it natively, else fp32)")
         p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                        help="what answers the waves: transformers, llama.cpp (the base's registry GGUF + the adapter "
-                            "as a llama.cpp LoRA), or auto (default: the faster here, measured once per machine "
-                            "and cached)")
+                            "as a llama.cpp LoRA), vllm (an in-process vLLM engine, the adapter merged into its "
+                            "base), or auto (default: the fastest installed here, measured once per machine and "
+                            "cached)")
+        p.add_argument("--gpu-memory", type=float, default=None, metavar="FRACTION",
+                       help="--engine vllm on a GPU: the share of its memory the sidecar's engine takes "
+                            "(vLLM's gpu_memory_utilization; default vLLM's 0.9, so leave room for a target on the "
+                            "same GPU, e.g. 0.15)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; no authentication)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8765)")
     serve.add_argument("--cpus", type=_cpus, default=None, help="pin the server to these cores, e.g. 1 or 0,1")
@@ -175,7 +180,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit(f"--prefix-cache-tokens must be >= 0, got {cache_tokens}")
         serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
               dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens,
-              calibrate=args.calibrate, engine=args.engine)
+              calibrate=args.calibrate, engine=args.engine, gpu_memory=args.gpu_memory)
         return 0
 
     from tqdm import tqdm
@@ -197,7 +202,8 @@ def run_cli(args: argparse.Namespace) -> int:
         sw.check_wave_options(args.wave, args.top_k, args.min_prob)
     except ValueError as e:
         raise SystemExit(f"ooospec sidecar predict: {e} (--wave/--top-k/--min-prob)") from None
-    sidecar = load_sidecar(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine)
+    sidecar = load_sidecar(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine,
+                           gpu_memory=args.gpu_memory)
     if args.prefix_cache_tokens:
         from ooospec.runtime.agent.session import PrefixCache
 

@@ -202,7 +202,8 @@ def test_predict_cli_passes_wave_and_engine(monkeypatch, tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["index_s"] == 0.5 and len(r["functions"]) == 1 for r in rows)
     assert cli.main(base) == 0
-    assert made == [{"threads": None, "dtype": "auto", "engine": engine} for engine in ("llama.cpp", "auto")]
+    assert made == [{"threads": None, "dtype": "auto", "engine": engine, "gpu_memory": None}
+                    for engine in ("llama.cpp", "auto")]
     assert "median prefill" in capsys.readouterr().out
     for bad in (["--top-k", "0"], ["--min-prob", "2"]):
         with pytest.raises(SystemExit, match="top_k|min_prob"):
@@ -216,7 +217,14 @@ def test_serve_cli_passes_the_engine(monkeypatch):
     monkeypatch.setattr(sidecar_app, "serve", lambda adapter, **kw: calls.append(kw))
     assert cli.main(["sidecar", "serve", "--engine", "llama.cpp", "--no-calibrate"]) == 0
     assert cli.main(["sidecar", "serve"]) == 0
-    assert [c["engine"] for c in calls] == ["llama.cpp", "auto"]
+    assert cli.main(["sidecar", "serve", "--engine", "vllm", "--gpu-memory", "0.15"]) == 0
+    assert [(c["engine"], c["gpu_memory"]) for c in calls] == [("llama.cpp", None), ("auto", None), ("vllm", 0.15)]
+
+
+def test_a_gpu_share_outside_0_1_is_refused_before_anything_loads():
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="gpu_memory"):
+            engines.load_sidecar(None, engine="vllm", gpu_memory=bad)
 
 
 def test_the_cli_offers_the_runtimes_engines():

@@ -2,11 +2,12 @@
 # The sidecar's two deployments on one CPU box, inside vLLM: `ooospec` (the sidecar server shares the target's cores)
 # and `ooospec-dedicated` (EMULATED: each request's wave is timed alone on the same server first, then vLLM runs the
 # target with that wave's hints released at the measured latency: a device of its own as fast as this CPU), beside
-# vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached).
+# vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached in
+# vLLM and in the sidecar) or, CACHE=cold, cold (prefix caching off; the sidecar forgets every block before each wave).
 # `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
-#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS / ENGINE
+#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS / ENGINE / CACHE
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -20,6 +21,12 @@ ADAPTER=${ADAPTER:-adapters/sidecar}
 GATE=${GATE:-shared}
 METHODS=${METHODS:-vllm,toolspec,ooospec,ooospec-dedicated}
 ENGINE=${ENGINE:-transformers}
+CACHE=${CACHE:-warm}
+case "$CACHE" in
+  warm) CACHE_FLAG=--warm-tools ;;
+  cold) CACHE_FLAG= ;;
+  *) echo "CACHE must be warm or cold, got $CACHE" >&2; exit 1 ;;
+esac
 SIDECAR_VENV=.venv
 [ "$ENGINE" = vllm ] && SIDECAR_VENV=.venv-vllm
 ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
@@ -40,9 +47,9 @@ done
 curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do
-    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --warm-tools \
+    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" $CACHE_FLAG \
       --methods "$METHODS" $ADD --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" \
-      --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_warm.json"
+      --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_${CACHE}.json"
   done
 done
 echo DEDICATED_ROWS_DONE

@@ -26,6 +26,12 @@ One turn (the engine-side loop, in process):
 
 Speculative entries live for one turn (cleared when the next turn starts). Only the first call of a turn is
 executed (the stop rule ends a turn at the end of its first call).
+
+``speculate_history`` (0: off) adds a second source of guesses that needs no model: at each turn's arrival the
+loop's own earlier calls (the most recent first, distinct, that many at most) start at once, before the target
+decodes a token, since agents repeat calls (a retry, a refresh, the same lookup for another step). A hit says which
+source served it (:attr:`AgentStep.hit_source`: ``"guess"`` or ``"history"``); a key both sources guessed is the
+first one's (history, started at arrival).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ooospec.runtime.agent.chat import ChatModel
-from ooospec.runtime.agent.tools import SpeculativeTools
+from ooospec.runtime.agent.tools import HISTORY, SpeculativeTools
+from ooospec.runtime.calls import call_key
 from ooospec.runtime.drafters.hints import CallGuess
 
 GUESS_TIMEOUT_S = 120.0   # a watcher stops waiting for a guess after this (the turn is long over by then)
@@ -61,6 +68,7 @@ class AgentStep:
     tool_wait_s: float              # waiting for the tool after the call was complete
     finish_reason: str
     wave: dict | None = None        # the sidecar wave gate's decision for the turn (None: no gate decided)
+    hit_source: str | None = None   # a hit: who guessed it ("guess": the turn's guess, "history": an earlier call)
 
 
 @dataclass
@@ -78,6 +86,24 @@ def candidate_calls(guess: CallGuess, call: dict | None, top_k: int) -> list[dic
     bank = guess.poll()
     others = [c for c in (getattr(bank, "calls", None) or []) if c != call]
     return ([call] + others)[:max(top_k, 1)]
+
+
+def earlier_calls(steps: Sequence[AgentStep], limit: int) -> list[dict]:
+    """The calls of ``steps`` (earlier turns), most recent first, each distinct call once, ``limit`` at most."""
+    out, seen = [], set()
+    for step in reversed(steps):
+        if len(out) >= limit:
+            break
+        if step.call is None:
+            continue
+        try:
+            key = call_key(step.call)
+        except TypeError:
+            continue
+        if key not in seen:
+            seen.add(key)
+            out.append(step.call)
+    return out
 
 
 class _Watcher:
@@ -125,7 +151,7 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
               guess: Callable[[list[dict], list, int], CallGuess | None] | None = None,
               on_turn: Callable[[int], None] | None = None,
               on_tool_start: Callable[[list[dict], list], None] | None = None,
-              speculate_top_k: int = 1) -> AgentRun:
+              speculate_top_k: int = 1, speculate_history: int = 0) -> AgentRun:
     """Run the loop from ``messages`` until the target answers without a call, or ``max_turns`` turns.
 
     Args:
@@ -142,9 +168,13 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             next block then, so the next turn's wave prefills only the tool result). Must not block.
         speculate_top_k: how many candidate calls of a guess run speculatively (the guessed call, then its bank's
             other candidates: a function-first wave's next likeliest functions); each costs a tool run.
+        speculate_history: how many of the loop's earlier calls (most recent first, distinct) run speculatively
+            at each turn's arrival (0: none); each costs a tool run (side-effect-free tools only, as any guess).
     """
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    if speculate_history < 0:
+        raise ValueError(f"speculate_history must be >= 0, got {speculate_history}")
     run = AgentRun(messages=list(messages))
     t_start = time.perf_counter()
     for turn in range(max_turns):
@@ -153,6 +183,9 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
         executor.clear()
         turn_tools = list(tools(turn) if callable(tools) else tools)
         g = guess(run.messages, turn_tools, turn) if guess is not None else None
+        # after the guess starts (an emulated guess may run its wave first, untimed), before it can hand a call over
+        for earlier in earlier_calls(run.steps, speculate_history):
+            executor.speculate(earlier, source=HISTORY)
         watcher = _Watcher(g, executor, speculate_top_k) if g is not None else None
         t0 = time.perf_counter()
         try:
@@ -177,8 +210,10 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             on_tool_start(list(run.messages), turn_tools)
         res = executor.resolve(call)
         step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
+        step.hit_source = res.source
         if g is not None:
-            g.observe_tool(res.result.elapsed_s, res.hit if guessed is not None else None)
+            # the guess's own hit (a call the history already ran was not the wave's to save)
+            g.observe_tool(res.result.elapsed_s, (res.hit and res.source != HISTORY) if guessed is not None else None)
         run.messages.append({"role": "tool", "content": res.result.content})
     run.wall_s = time.perf_counter() - t_start
     return run

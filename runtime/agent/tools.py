@@ -19,7 +19,9 @@ under the call's canonical key (:func:`ooospec.runtime.calls.call_key`: key orde
 forms do not matter, strings do). When the target's committed call is parsed, :meth:`resolve` returns the cached
 result if the keys are equal (waiting for the rest of the run if it is still going), and runs the real call
 otherwise. A tool that is not side-effect free never runs on a guess, so it runs exactly as often as the target
-calls it. A speculative run that failed is not trusted: the real call runs.
+calls it. A speculative run that failed is not trusted: the real call runs. Each run is started for a ``source``
+(who guessed it: the sidecar's wave, the conversation's earlier calls, ...), and a hit says which one it was
+(:attr:`Resolution.source`, :attr:`SpeculationStats.hits_by_source`).
 
 A timed-out callable cannot be stopped in Python: its thread runs on in the background (daemon) and its
 result is discarded.
@@ -38,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ooospec.runtime import schemas
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 ErrorKind = Literal["unknown_tool", "invalid_arguments", "timeout", "exception", "http"]
 MAX_HTTP_RESPONSE_BYTES = 1 << 20
+GUESS, HISTORY = "guess", "history"   # speculation sources: a turn's early guess (the sidecar's call), an earlier call
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ class SpeculationStats:
     misses: int = 0              # resolve() ran the real call
     failed_speculations: int = 0     # key matched but the speculative run failed: the real call ran
     saved_s: float = 0.0         # on hits: the tool time the caller did not wait (run time - time waited)
+    hits_by_source: dict[str, int] = field(default_factory=dict)   # hits per speculate(source=...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -239,6 +243,7 @@ class Resolution:
     result: ToolResult
     hit: bool
     wait_s: float                # how long resolve() waited for the result
+    source: str | None = None    # a hit: the source its speculative run was started for
 
 
 class SpeculativeTools:
@@ -254,12 +259,13 @@ class SpeculativeTools:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.registry = registry
         self.max_entries = max_entries
-        self._cache: OrderedDict[str, ToolRun] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[ToolRun, str]] = OrderedDict()    # key -> (run, its source)
         self._lock = threading.Lock()
         self.stats = SpeculationStats()
 
-    def speculate(self, call: Mapping[str, Any]) -> bool:
-        """Start ``call`` in the background if its tool is side-effect free and its arguments validate.
+    def speculate(self, call: Mapping[str, Any], source: str = GUESS) -> bool:
+        """Start ``call`` in the background if its tool is side-effect free and its arguments validate;
+        ``source``: who guessed it (the first source to start a key keeps it).
 
         Returns True when a run for this call's key is now cached (started now or before).
         """
@@ -278,7 +284,7 @@ class SpeculativeTools:
             if not self.registry.tools[call["name"]].side_effect_free:
                 self.stats.refused_side_effects += 1
                 return False
-            self._cache[key] = self.registry.start(call)
+            self._cache[key] = (self.registry.start(call), source)
             self.stats.started += 1
             while len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
@@ -295,13 +301,15 @@ class SpeculativeTools:
         with self._lock:
             cached = self._cache.get(key) if key is not None else None
         if cached is not None:
-            result = self.registry.finish(cached)
+            run, source = cached
+            result = self.registry.finish(run)
             if result.ok:
                 wait = clock() - t0
                 with self._lock:
                     self.stats.hits += 1
+                    self.stats.hits_by_source[source] = self.stats.hits_by_source.get(source, 0) + 1
                     self.stats.saved_s += max(result.elapsed_s - wait, 0.0)
-                return Resolution(result, True, wait)
+                return Resolution(result, True, wait, source)
             with self._lock:
                 self.stats.failed_speculations += 1
         result = self.registry.run(call)

@@ -354,13 +354,14 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
 def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           threads: int | None = None, cpus: Sequence[int] | None = None, dtype: str = "fp32",
           limits: Limits = Limits(), prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
-          calibrate: bool = True, engine: str = "transformers") -> None:
+          calibrate: bool = True, engine: str = "transformers", gpu_memory: float | None = None) -> None:
     """Load the adapter (default: the shipped one) and serve it until SIGINT/SIGTERM.
 
     ``engine``: what answers the waves (:data:`~ooospec.runtime.sidecar.engines.ENGINES`): ``transformers`` (the base
     dequantized, ``dtype``), ``llama.cpp`` (the base's registry GGUF + the adapter as a llama.cpp LoRA; it keeps
     the last block in its KV instead of a prefix cache, so ``prefix_cache_tokens`` does not apply) or ``vllm``
-    (the adapter merged into its base, vLLM's own prefix cache; ``prefix_cache_tokens`` does not apply either).
+    (the adapter merged into its base, vLLM's own prefix cache; ``prefix_cache_tokens`` does not apply either;
+    ``gpu_memory``: on a GPU, the share of its memory that engine takes, leaving the rest to a target beside it).
 
     ``cpus`` pins this process (and so every thread torch starts) to those cores before anything is loaded.
     ``prefix_cache_tokens``: the block KV kept for later waves (:class:`~ooospec.runtime.agent.session.PrefixCache`,
@@ -376,7 +377,7 @@ def serve(adapter_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.
     if not is_loopback(host):
         logger.warning("serving on %s: the sidecar server has no authentication; keep it on loopback "
                        "(127.0.0.1) unless the network is yours", host)
-    sidecar = load_sidecar(adapter_dir, threads=threads, dtype=dtype, engine=engine)
+    sidecar = load_sidecar(adapter_dir, threads=threads, dtype=dtype, engine=engine, gpu_memory=gpu_memory)
     if prefix_cache_tokens > 0 and sidecar.engine == "transformers":
         sidecar.prefix_cache = PrefixCache(max_tokens=prefix_cache_tokens)
     if calibrate:

@@ -87,11 +87,14 @@ def _wave_seconds(adapter_dir, threads: int, dtype: str, engine: str) -> float:
 
 def load_sidecar(adapter_dir: str | os.PathLike | None = None, *, engine: str = "transformers",
                  threads: int | None = None, dtype: str = "fp32", max_new_tokens: int = 48, merge: bool = True,
-                 max_draft_nodes: int = 6, ngram_tokens: int | None = None):
+                 max_draft_nodes: int = 6, ngram_tokens: int | None = None, gpu_memory: float | None = None):
     """The sidecar of ``adapter_dir`` on ``engine`` (:data:`ENGINE_CHOICES`; ``auto``: :func:`resolve_engine`).
     llama.cpp runs the base's registry GGUF with the adapter as a llama.cpp LoRA and takes ``dtype="auto"`` only:
     a ``dtype`` given for ``auto`` is the transformers and vLLM engines'. vLLM runs the adapter merged into its
-    base (made once in the cache); ``ngram_tokens`` is its n-gram drafts per query and step (None: its default)."""
+    base (made once in the cache); ``ngram_tokens`` is its n-gram drafts per query and step (None: its default),
+    ``gpu_memory`` the share of a GPU's memory its engine takes (None: vLLM's default; other engines: unused)."""
+    if gpu_memory is not None and not 0 < gpu_memory <= 1:
+        raise ValueError(f"gpu_memory must be in (0, 1], got {gpu_memory}")
     requested = engine
     engine, why = resolve_engine(engine, adapter_dir, threads=threads, dtype=dtype)
     if why != "given":
@@ -107,7 +110,7 @@ def load_sidecar(adapter_dir: str | os.PathLike | None = None, *, engine: str = 
 
         ngram = {} if ngram_tokens is None else {"ngram_tokens": ngram_tokens}
         return VllmSidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype, max_new_tokens=max_new_tokens,
-                                        **ngram)
+                                        gpu_memory=gpu_memory, **ngram)
     from ooospec.runtime.sidecar.wave import Sidecar
 
     return Sidecar.from_adapter(adapter_dir, threads=threads, dtype=dtype, max_new_tokens=max_new_tokens,

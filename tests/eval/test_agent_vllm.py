@@ -244,3 +244,29 @@ def test_sidecar_gate_on_is_the_shared_deployments_gate_and_each_latency_gets_it
     copy = agent_vllm._client_like(client, gate.fresh())
     assert (copy.base_url, copy.wave, copy.top_k) == (client.base_url, "function-first", 3)
     assert copy.gate is not gate and client.gate is None
+
+
+def test_the_history_variant_reruns_earlier_calls_and_the_summary_names_hit_sources(fake_vllm):
+    """``history``: no sidecar, the loop's earlier calls started at each turn's arrival (here the one call, again
+    at the final turn: wasted, text unchanged); it needs ``--speculate-history`` >= 1. The summary counts hits by
+    source and the table names them when the history served any."""
+    from ooospec.eval.agent_replay import check_history_variants, markdown_table
+
+    llm, tok = fake_vllm
+    rows = [agent_vllm.replay_vllm(_chat(llm, tok, v), DIALOGUE, 0.0, v, speculator="gold", max_new_tokens=24,
+                                   speculate_history=1) for v in ("sessions", "history")]
+    assert rows[0]["texts"] == rows[1]["texts"] and rows[1]["hits"] == 0
+    assert rows[0]["speculation"]["started"] == 0 and rows[1]["speculation"]["started"] == 1
+    assert agent_vllm.variants_of("sessions,history", "sidecar") == ["sessions", "history"]
+    check_history_variants(["sessions", "history"], 1)
+    with pytest.raises(SystemExit, match="needs --speculate-history"):
+        check_history_variants(["history"], 0)
+
+    def row(variant, sources):
+        turns = [{"hit": True, "hit_source": s, "prefilled_tokens": 0, "tool_wait_s": 0.0} for s in sources]
+        return {"id": "d", "variant": variant, "latency_s": 2.0, "wall_s": 5.0, "turns": turns, "calls": 4,
+                "hits": len(sources), "exact": True, "tool_hidden_s": 0.0, "waves": 0}
+
+    summary = summarize([row("sessions", []), row("dedicated", ["guess", "history", "history"])])
+    assert summary[1]["hits_by_source"] == {"guess": 1, "history": 2} and summary[1]["hit_rate"] == 0.75
+    assert "75.0% (guess 1, history 2)" in markdown_table(summary)

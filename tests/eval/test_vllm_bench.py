@@ -122,6 +122,26 @@ def test_report_table_over_cells(tmp_path):
         vllm_report.render(tmp_path / "empty")
 
 
+def test_report_names_each_row_s_caching_when_cold_and_warm_cells_mix_and_prices_against_toolspec(tmp_path):
+    """A folder with a cold and a warm run of one cell: one row each, the caching in the benchmark label (the
+    header says so); a method's ratio to the cell's ``toolspec`` (blank on toolspec's own row)."""
+    cold = _results(tmp_path, with_llama=False)
+    cold["methods"]["ooospec"] = {**cold["methods"]["toolspec"], "mean_s": 0.5}
+    cold["order"] = cold["order"] + ["ooospec"]
+    warm = json.loads(json.dumps(cold))
+    warm["env"]["warm_tools"] = True
+    vb.write_results(tmp_path / "t_d_warm.json", warm)
+    vb.write_results(tmp_path / "t_d_cold.json", cold)
+    text = vllm_report.render(tmp_path)
+    assert "caching per row" in text.split("\n", 1)[0]
+    lines = [line for line in text.splitlines() if line.startswith("| t |")]
+    assert [line.split(" | ")[1] for line in lines] == ["d (prefix caching off)"] * 2 + \
+        ["d (prefix caching on, toolbox warm)"] * 2
+    assert [line.split(" | ")[11] for line in lines] == ["", "2.00x"] * 2     # vs toolspec
+    vb.write_results(tmp_path / "t_d_cold.json", warm)                          # one caching: in the header only
+    assert "(prefix caching" not in vllm_report.render(tmp_path).split("\n", 1)[1]
+
+
 def test_a_reference_without_margins_leaves_mismatches_unclassified():
     ref = {"a": _row("a", "vllm", [1, 2, 3])}          # a served run: no logprobs kept
     rows = [_row("a", "x", [1, 9, 3])]
@@ -194,4 +214,89 @@ def test_dedicated_schedules_refuse_a_sidecar_that_answers_nothing():
     record = {"id": "r", "messages": USER, "tools": TOOLS}
     with pytest.raises(SystemExit, match="no wave of the 1 requests"):
         vllm_runs.dedicated_schedules("http://127.0.0.1:9", [record], trained_chat_model()[1], hermes,
-                                      wave={"wave": "all", "top_k": 2}, warm_tools=False, timeout=5.0)
+                                      wave={"wave": "all", "top_k": 2}, warm_tools=True, timeout=5.0)
+
+
+class _StubSidecar:
+    """An HTTP server that records each request's method and path; ``/reset_prefix_cache`` answers ``reset``,
+    a wave 500 (so no wave is answered), ``/health`` an idle server."""
+
+    def __init__(self, reset: int = 200):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, status: int, body: bytes = b"{}"):
+                seen.append((self.command, self.path))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._answer(200, b'{"status": "ok", "layout_version": 3, "running": 0, "waiting": 0}')
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._answer(reset if self.path == "/reset_prefix_cache" else 500)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("warm_tools", [False, True])
+def test_dedicated_schedules_cold_forget_every_earlier_block(warm_tools):
+    """Cold toolbox: before each request's wave the server forgets every earlier block (an earlier request with the
+    same toolbox would make the wave warm); warm: the request's toolbox is prefilled instead, never reset."""
+    from ooospec.runtime.formats import hermes
+    from tests.runtime.chat_tiny import TOOLS, USER, trained_chat_model
+
+    records = [{"id": f"r{i}", "messages": USER, "tools": TOOLS} for i in range(2)]
+    stub = _StubSidecar()
+    try:
+        with pytest.raises(SystemExit, match="no wave of the 2 requests"):
+            vllm_runs.dedicated_schedules(stub.url, records, trained_chat_model()[1], hermes,
+                                          wave={"wave": "all", "top_k": 2}, warm_tools=warm_tools, timeout=5.0)
+    finally:
+        stub.close()
+    posts = [path for method, path in stub.seen if method == "POST"]
+    if warm_tools:
+        assert "/reset_prefix_cache" not in posts
+        assert posts == ["/v1/completions"] * 4         # each request: its toolbox prefill, then its wave
+    else:
+        assert posts == ["/reset_prefix_cache", "/v1/completions"] * 2
+
+
+def test_dedicated_schedules_cold_refuse_a_server_that_keeps_its_blocks():
+    """A server without ``/reset_prefix_cache`` would time cold waves warm: the bench stops, naming it."""
+    from ooospec.runtime.formats import hermes
+    from tests.runtime.chat_tiny import TOOLS, USER, trained_chat_model
+
+    stub = _StubSidecar(reset=404)
+    try:
+        with pytest.raises(SystemExit, match="did not forget its blocks"):
+            vllm_runs.dedicated_schedules(stub.url, [{"id": "r", "messages": USER, "tools": TOOLS}],
+                                          trained_chat_model()[1], hermes, wave={"wave": "all", "top_k": 2},
+                                          warm_tools=False, timeout=5.0)
+    finally:
+        stub.close()
+
+
+def test_a_gpu_share_reaches_the_target_engine_only_when_given():
+    """``--gpu-memory-utilization``: the target's engine leaves the rest of a GPU to a sidecar beside it."""
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url=None, warm_tools=False)
+    assert "gpu_memory_utilization" not in vllm_runs.engine_kwargs(args, "toolspec")
+    args.gpu_memory_utilization = 0.7
+    assert vllm_runs.engine_kwargs(args, "toolspec")["gpu_memory_utilization"] == 0.7

@@ -176,3 +176,66 @@ def test_the_idle_window_hook_sees_the_call_before_its_tool_runs():
     assert calls_before == 0 and tools == TOOLS
     assert messages == [*USER, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
                                                                                     "function": CALL}]}]
+
+
+class _ScriptedChat:
+    """A target that makes the scripted call at each turn (None: the final answer), nothing else."""
+
+    takes_hints = False
+
+    def __init__(self, calls):
+        self.calls = list(calls)
+
+    def complete(self, messages, tools, *, max_new_tokens, hints=None):
+        from ooospec.runtime.agent.chat import ChatTurn
+
+        turn = sum(m["role"] == "assistant" for m in messages)
+        call = self.calls[turn]
+        return ChatTurn(text="call" if call else "done", calls=[call] if call else [],
+                        finish_reason="tool_calls" if call else "stop", prompt_tokens=1, completion_tokens=1,
+                        cached_tokens=0, origin="new", result=None)
+
+
+PARIS, ROME = CALL, {"name": "get_weather", "arguments": {"city": "Rome"}}
+
+
+@pytest.mark.parametrize("history", [0, 1, 2])
+def test_earlier_calls_run_again_at_arrival_with_speculate_history(history):
+    """Calls Paris, Rome, Paris, Rome: with ``speculate_history`` N the last N distinct earlier calls start at
+    each turn's arrival, so turn 3 (Paris again) hits from N = 2 and turn 4 (Rome again) from N = 2; with N = 1
+    only the last call runs again (no repeat of it here: every run wasted). The source of each hit is named; the
+    transcript is the same."""
+    script = [PARIS, ROME, PARIS, ROME, None]
+    executor, impl = _tools(side_effect_free=True)
+    run = run_agent(_ScriptedChat(script), USER, TOOLS, executor, max_turns=6, speculate_history=history)
+    _join_tool_runs()
+    assert [s.call for s in run.steps] == script
+    hits = [s.hit for s in run.steps if s.call is not None]
+    assert hits == ([False, False, True, True] if history >= 2 else [False] * 4)
+    assert [s.hit_source for s in run.steps if s.hit] == ["history"] * sum(hits)
+    assert executor.stats.hits_by_source == ({"history": 2} if history >= 2 else {})
+    # each turn after the first starts min(N, distinct earlier calls) runs; misses run the real call after
+    started = sum(min(history, len({c["arguments"]["city"] for c in script[:t]})) for t in range(1, 5))
+    assert executor.stats.started == started
+    assert len(impl.calls) == started + 4 - sum(hits)
+
+
+def test_a_history_hit_is_not_the_guess_s_and_a_stateful_tool_never_repeats_early():
+    """The same call guessed by the history (at arrival) and by the turn's guess: the history's run serves it
+    and the guess's source is not credited; a tool that is not side-effect free is never run from the history."""
+    def guess(messages, tools, turn):
+        return HintBank.from_calls([PARIS], _chat(False).fmt, trained_chat_model()[1]) if turn == 1 else None
+
+    executor, impl = _tools(side_effect_free=True)
+    run = run_agent(_ScriptedChat([PARIS, PARIS, None]), USER, TOOLS, executor, max_turns=4, guess=guess,
+                    speculate_history=1)
+    _join_tool_runs()
+    assert [s.hit for s in run.steps[:2]] == [False, True] and run.steps[1].hit_source == "history"
+    # the real first call, the history's run at turn 1 (the hit), and again at turn 2 (the answer: wasted)
+    assert executor.stats.hits_by_source == {"history": 1} and len(impl.calls) == 3
+    executor, impl = _tools(side_effect_free=False)
+    run = run_agent(_ScriptedChat([PARIS, PARIS, None]), USER, TOOLS, executor, max_turns=4, speculate_history=3)
+    assert not any(s.hit for s in run.steps) and impl.calls == [PARIS["arguments"]] * 2
+    assert executor.stats.refused_side_effects == 2 and executor.stats.started == 0    # turns 1 and 2
+    with pytest.raises(ValueError, match="speculate_history"):
+        run_agent(_ScriptedChat([None]), USER, TOOLS, executor, speculate_history=-1)

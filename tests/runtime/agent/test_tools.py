@@ -164,6 +164,20 @@ def test_a_hit_serves_the_speculative_run_under_the_canonical_key():
     assert spec.stats.refused_invalid == 1 and len(impl.calls) == 2
 
 
+def test_a_hit_names_the_source_that_started_its_run():
+    """Each run keeps the source it was started for (the first one: a later guess of the same key changes
+    nothing); hits are counted per source, a miss has none."""
+    reg = ToolRegistry()
+    reg.register("weather", Counter(), parameters=CITY, side_effect_free=True)
+    spec = SpeculativeTools(reg)
+    paris, rome = ({"name": "weather", "arguments": {"city": c}} for c in ("Paris", "Rome"))
+    assert spec.speculate(paris, source="history") and spec.speculate(paris) and spec.speculate(rome)
+    assert spec.stats.started == 2
+    assert spec.resolve(paris).source == "history" and spec.resolve(rome).source == "guess"
+    assert spec.resolve({"name": "weather", "arguments": {"city": "Oslo"}}).source is None
+    assert spec.stats.hits_by_source == {"history": 1, "guess": 1} and spec.stats.to_dict()["hits_by_source"]
+
+
 def test_a_failed_speculation_is_not_trusted():
     impl = Counter(error=ValueError("flaky"))
     reg = ToolRegistry()
