@@ -35,15 +35,9 @@ if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
   echo "port $PORT already serves something (an earlier sidecar still shutting down?): stop it or set PORT" >&2
   exit 1
 fi
-"$SIDECAR_VENV/bin/ooospec" sidecar serve --adapter "$ADAPTER" --port "$PORT" --threads "$THREADS" --dtype bf16 --engine "$ENGINE" \
-  > "$OUT/sidecar_server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 $SERVER 2>/dev/null || { echo "the sidecar server exited; see $OUT/sidecar_server.log" >&2; exit 1; }
-  sleep 1
-done
+source eval/vllm/sidecar_server.sh
+start_sidecar "$SIDECAR_VENV/bin" "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads "$THREADS" --dtype bf16 \
+  --engine "$ENGINE"
 curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do

@@ -31,15 +31,9 @@ METHODS=vllm,vllm-ngram,toolspec,ooospec-oracle
 SIDECAR_ARGS=()
 if [ "${SIDECAR:-1}" = 1 ]; then
   PORT=${PORT:-8765}
-  "$VENV/bin/ooospec" sidecar serve --engine vllm --adapter "${ADAPTER:-adapters/sidecar}" --dtype bf16 --port "$PORT" \
-    --gpu-memory "${SIDECAR_GPU_MEMORY:-0.15}" > "$OUT/sidecar_server.log" 2>&1 &
-  SERVER=$!
-  trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-  for _ in $(seq 900); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { echo "the sidecar server exited; see $OUT/sidecar_server.log" >&2; exit 1; }
-    sleep 1
-  done
+  source eval/vllm/sidecar_server.sh
+  start_sidecar "$VENV/bin" "$OUT/sidecar_server.log" "$PORT" --engine vllm --adapter "${ADAPTER:-adapters/sidecar}" \
+    --dtype bf16 --gpu-memory "${SIDECAR_GPU_MEMORY:-0.15}"
   METHODS=$METHODS,ooospec,ooospec-dedicated
   SIDECAR_ARGS=(--sidecar-url "http://127.0.0.1:$PORT" --sidecar-wave function-first --sidecar-gate off
                 --gpu-memory-utilization "${TARGET_GPU_MEMORY:-0.7}")
