@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 VARIANTS = ("stateless", "sessions", "speculative")
 HISTORY_VARIANT = "history"                    # run too when --speculate-history >= 1
-SPECULATING = ("speculative", "dedicated", HISTORY_VARIANT)     # the variants that run tools on a guessed call
+SPECULATING = ("speculative", "dedicated", "wave-first", HISTORY_VARIANT)   # variants running tools on a guess
 EMULATED_VARIANTS = ("dedicated",)              # the sidecar on a device of its own, emulated (eval/agent_vllm.py)
 SPECULATORS = (GOLD, SIDECAR)   # the hint sources a turn's guess comes from (no oracle: it needs the turn's output)
 DEPLOYMENT = SHARED              # a sidecar this bench starts runs on every core at the bench's threads

@@ -29,6 +29,9 @@ block -- cached, untimed; the sidecar likewise starts each dialogue with only th
                   time), then the turn runs with the wave's joined call handed to the tools at the wave's
                   measured latency, and its banks released to the target as hints at their latencies
                   (``ooospec_hint_schedule``)
+``wave-first``    REAL, the sidecar on the target's cores: each turn's wave runs first, inside the turn's time,
+                  the target waiting (nothing runs beside anything); its joined call starts the tool at the
+                  wave's end and its banks are hints from the target's first step
 ``history``       sessions + the loop's own earlier calls run speculatively at each turn's arrival (no sidecar;
                   ``--speculate-history N`` >= 1, which adds the same guesses to ``speculative`` and ``dedicated``)
 ================  =======================================================================================
@@ -63,7 +66,8 @@ from ooospec.eval.agent_replay import (
 from ooospec.eval.vllm_runs import first_divergence, next_token_margins
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
-VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated", HISTORY_VARIANT)
+WAVE_FIRST_VARIANT = "wave-first"
+VLLM_VARIANTS = ("stateless", "sessions", "speculative", "dedicated", WAVE_FIRST_VARIANT, HISTORY_VARIANT)
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 
 
@@ -153,18 +157,23 @@ def hint_schedule(guess) -> list | None:
     return [[round(max(t - elapsed, 0.0), 4), bank.calls] for t, bank in guess.schedule if bank.calls]
 
 
-def dedicated_guesser(client, chat: VllmChat, excluded: list[float]):
+def dedicated_guesser(client, chat: VllmChat, excluded: list[float] | None):
     """``(messages, tools, turn) -> ReleasedGuess``: the turn's wave run ALONE now (nothing else runs), its banks
-    replayed from the turn's start; the time spent is added to ``excluded[0]`` (not part of the dialogue)."""
+    replayed from the turn's start; the time spent is added to ``excluded[0]`` (not part of the dialogue).
+    ``excluded`` None (``wave-first``, real): the wave is part of the turn's time, the target waiting for it; its
+    banks are all out when the target starts, and its joined call starts the tool at the wave's end."""
     from ooospec.eval.ooospec_method import ReleasedGuess
     from ooospec.runtime.sidecar.process import wait_idle
 
     def guess(messages: list[dict], tools: list, turn: int):
         t0 = time.perf_counter()
-        wait_idle(client.base_url)
+        if excluded is not None:    # a wave-first wave never outlives its turn: nothing to wait for
+            wait_idle(client.base_url)
         arrival = time.perf_counter()
         req = client.submit(messages, tools, fmt=chat.fmt, tokenizer=chat.tokenizer, arrival=arrival)
         released = ReleasedGuess.after_alone(req, arrival)
+        if excluded is None:        # wave-first: every bank is out before the target starts
+            return ReleasedGuess(req, [(0.0, bank) for _, bank in released.schedule])
         excluded[0] += time.perf_counter() - t0
         return released
 
@@ -197,10 +206,12 @@ def replay_vllm(chat: VllmChat, dialogue: Dialogue, latency_s: float, variant: s
         guesser = counting(make_guesser(speculator, chat, dialogue, gated or client), sent)
     elif variant == "dedicated":
         guesser = dedicated_guesser(client, chat, excluded)
+    elif variant == WAVE_FIRST_VARIANT:
+        guesser = dedicated_guesser(client, chat, None)
     run = run_agent(chat, dialogue.messages, tools.tools_at, executor, max_turns=dialogue.steps + 1,
                     max_new_tokens=max_new_tokens, guess=guesser, on_turn=tools.start_turn,
                     speculate_top_k=speculate_top_k, speculate_history=history_for(variant, speculate_history))
-    if variant == "dedicated":
+    if variant in ("dedicated", WAVE_FIRST_VARIANT):
         sent[0] = sum(1 for s in run.steps)        # one wave per turn, each run alone
     row = run_row(dialogue, variant, latency_s, run, executor, waves=sent[0], excluded_s=excluded[0])
     row["_trace"] = chat.trace              # in memory only (left out of the JSON): for classify()
@@ -246,8 +257,9 @@ def variants_of(text: str, speculator: str) -> list[str]:
     unknown = [v for v in names if v not in VLLM_VARIANTS]
     if unknown or not names:
         raise SystemExit(f"--variants: unknown {unknown or text!r}; known: {', '.join(VLLM_VARIANTS)}")
-    if speculator == GOLD and "dedicated" in names:
-        raise SystemExit("--variants dedicated needs --speculator sidecar (a wave to time alone)")
+    for waved in ("dedicated", WAVE_FIRST_VARIANT):
+        if speculator == GOLD and waved in names:
+            raise SystemExit(f"--variants {waved} needs --speculator sidecar (a wave to time)")
     return names
 
 

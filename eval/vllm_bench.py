@@ -91,6 +91,16 @@ def summarize(rows: list[dict], ref_mean: float | None) -> dict:
            "unclassified": sum(r.get("mismatch", {}).get("kind") == "unclassified" for r in rows)}
     if ref_mean:
         out["speedup"] = ref_mean / out["mean_s"]
+    pairs = [r["paired"] for r in rows if r.get("paired")]
+    if pairs and len(pairs) == len(rows):    # --paired: toolspec on the same engine, request by request
+        paired_s = sum(p["toolspec_s"] for p in pairs)
+        out.update(paired_toolspec_mean_s=paired_s / len(pairs), paired_vs_toolspec=paired_s / sum(times),
+                   paired_same_tokens=sum(bool(p["same_tokens"]) for p in pairs),
+                   paired_faster=sum(p["toolspec_s"] > r["time_s"] for p, r in zip(pairs, rows)))
+    waves = [r["wave"] for r in rows if r.get("wave")]
+    if waves:                                 # ooospec-wave-first: the waves sent and their seconds
+        sent = [w for w in waves if w.get("banks")]
+        out.update(waves_sent=len(sent), wave_mean_s=statistics.fmean(w["wave_s"] for w in sent) if sent else 0.0)
     return out
 
 
@@ -123,15 +133,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-tools", action="store_true",
                    help="prefix caching on, and before each timed request (untimed) the cache holds exactly that "
                         "request's system + tools block, as for an agent reusing its toolbox (every method alike)")
-    p.add_argument("--sidecar-url", default=None, help="a running sidecar server, for methods ooospec and "
-                                                        "ooospec-dedicated")
+    p.add_argument("--sidecar-url", default=None, help="a running sidecar server, for methods ooospec, "
+                                                        "ooospec-dedicated and ooospec-wave-first")
     p.add_argument("--sidecar-wave", choices=("all", "function-first"), default="all",
                    help="the sidecar client's wave: one pass over every tool's arguments, or the function index "
                         "first, then the likeliest functions' arguments (runtime/sidecar/protocol.py)")
     p.add_argument("--sidecar-top-k", type=int, default=2, help="function-first: the most candidate functions")
     p.add_argument("--sidecar-gate", choices=SERVE_GATE_CHOICES, default=GATE_OFF,
                    help="method ooospec: off (every wave sent) or the deployment the sidecar runs in, whose prior "
-                        "the proposer's wave gate decides from (shared: the target's cores; runtime/sidecar/gate.py)")
+                        "the proposer's wave gate decides from (shared: the target's cores; runtime/sidecar/gate.py); "
+                        "ooospec-wave-first: any value but off gates its waves at the client from the wave-first "
+                        "prior")
+    p.add_argument("--paired", action="store_true",
+                   help="ooospec-wave-first: also time each request as toolspec on the same engine (no hints, a "
+                        "drafter history of its own, the same cache state, the order alternating per request), so "
+                        "the two differ only by the wave; the table adds the paired ratio")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")
@@ -163,6 +179,8 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit("--warm-tools runs offline engines only (not with --serve-lora)")
         args.blocks = toolbox_blocks(records, prompts, tokenizer, fmt)
     params = sampling_params(args.model_dir, tokenizer, fmt, args.max_new_tokens)
+    if any(get_method(m).deployment == "wave-first" for m in order) and not args.sidecar_url:
+        raise SystemExit("ooospec-wave-first needs --sidecar-url (each request's wave runs on that server first)")
     if any(get_method(m).deployment == "dedicated" for m in order):
         if not args.sidecar_url:
             raise SystemExit("ooospec-dedicated needs --sidecar-url (its waves are timed alone on that server)")

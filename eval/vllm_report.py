@@ -117,7 +117,24 @@ def render_table(results: dict) -> str:
                      s.get("near_ties", ""), s.get("defects", "")])
     return head + "\n\n" + md_table(["method", "n", "mean s", "median s", f"vs {VLLM_REFERENCE}",
                                      f"vs {LLAMACPP_REFERENCE}", "#MAT", "accepted / verify step",
-                                     f"identical to {VLLM_REFERENCE}", "near-ties", "defects"], rows)
+                                     f"identical to {VLLM_REFERENCE}", "near-ties", "defects"], rows) + \
+        "".join(wave_notes(results["methods"]))
+
+
+def wave_notes(methods: dict) -> list[str]:
+    """Lines under a table for the methods that ran waves inside their requests (``ooospec-wave-first``) or were
+    timed paired with ``toolspec`` on their own engine (``--paired``)."""
+    out = []
+    for name, s in methods.items():
+        if "waves_sent" in s:
+            out.append(f"\n\n`{name}`: waves sent {s['waves_sent']}/{s['n']}, mean {s['wave_mean_s']:.3f} s each "
+                       "(inside the request's time)")
+        if "paired_vs_toolspec" in s:
+            out.append(f"\n\n`{name}` paired with `toolspec` on the same engine: **{s['paired_vs_toolspec']:.2f}x** "
+                       f"(toolspec {s['paired_toolspec_mean_s']:.3f} s, this {s['mean_s']:.3f} s at the mean; "
+                       f"faster on {s['paired_faster']}/{s['n']} requests; identical tokens "
+                       f"{s['paired_same_tokens']}/{s['n']})")
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

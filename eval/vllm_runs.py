@@ -24,6 +24,17 @@ from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.tokens import common_prefix_len
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
+WAVE_FIRST = "wave-first"                   # the deployment of ooospec-wave-first
+PAIRED_HISTORY = "paired-toolspec"           # --paired: the toolspec arm's drafter history (apart from the method's)
+SCHEDULED = ("dedicated", WAVE_FIRST)        # deployments whose hints reach vLLM as a schedule in the request
+# Target forwards a hint-accepted token saves inside vLLM (the wave gate's ``marginal``; our engine's prior is 0.1):
+# a vLLM step verifies one chain, so a hint that carries the values the FSM and prompt lookup cannot draft saves
+# more there. Calibrated on eval/reports/vllm-dedicated/matrix (warm cells): banks released at 0.4-1.3 s saved
+# 0.013-0.10 target forwards per call token (1.07-5.40 per request); 0.2 accepted x 0.35 = 0.07 per call token.
+VLLM_CHAIN_MARGINAL = 0.35
+# The wave-first gate's prior counts as one request of evidence (the shared gate's: 4): a wave the target waits for
+# costs its whole latency, so one wave measured slower than the prior says should stop the next one.
+WAVE_FIRST_PRIOR_WEIGHT = 1.0
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens")
 
@@ -84,11 +95,120 @@ def request_xargs(method: str, record: dict, reference_text: str | None, schedul
         if reference_text is None:
             raise ValueError(f"{method} needs the {VLLM_REFERENCE!r} output of {record['id']!r} first")
         xargs["ooospec_hint"] = reference_text
-    if m.deployment == "dedicated":
+    if m.deployment in SCHEDULED:
         if schedule is None:
-            raise ValueError(f"{method} needs the hint schedule of {record['id']!r} (its wave timed alone) first")
+            raise ValueError(f"{method} needs the hint schedule of {record['id']!r} (its wave) first")
         xargs["ooospec_hint_schedule"] = json.dumps(schedule)
     return xargs
+
+
+class WaveFirst:
+    """``ooospec-wave-first`` (REAL, the sidecar on the target's cores): the request's sidecar wave runs first, inside
+    the request's clock, while the target's engine waits idle; then the target decodes with the wave's last bank as
+    hints from its first step. Nothing runs beside anything else on the cores, so the row is a measured deployment
+    (the wave's seconds plus the target's), not an emulation. ``gate``: a client-side
+    :class:`~ooospec.runtime.sidecar.gate.WaveGate` (the ``wave-first`` prior) that may skip a request's wave; the
+    target then decodes as ``toolspec`` would (an empty schedule). With a gate the first request runs without a
+    wave: its seconds per verify step and its tokens price the target for the gate (``calibrate_target``), as the
+    server's ``/health`` prices the sidecar; the gate then learns from every request (:meth:`observe`).
+
+        wf = WaveFirst(url, tokenizer, fmt, wave={"wave": "function-first", "top_k": 2}, warm_tools=True)
+        wf.prepare(record)                        # untimed: the toolbox prefilled (warm) or every block forgotten
+        schedule, info = wf.run(record, arrival)  # timed: [[0.0, calls]] (or []) and the wave's seconds, decision
+    """
+
+    def __init__(self, url: str, tokenizer, fmt, *, wave: dict, warm_tools: bool, gate=None,
+                 timeout: float | None = None):
+        from ooospec.eval.ooospec_method import WAVE_FIRST_TIMEOUT_S
+        from ooospec.runtime.sidecar.client import SidecarClient
+
+        self.url, self.warm_tools, self.tokenizer, self.fmt = url, warm_tools, tokenizer, fmt
+        self.client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"], gate=gate)
+        self.timeout = WAVE_FIRST_TIMEOUT_S if timeout is None else timeout
+        self.target_measured = False    # a gate decides only once one request has priced the target here
+
+    @classmethod
+    def for_run(cls, args) -> WaveFirst:
+        """The run's: ``--sidecar-url``, the target's tokenizer and format, ``--sidecar-wave/-top-k/-gate``, warm
+        when ``--warm-tools`` cached the toolbox blocks."""
+        if not getattr(args, "sidecar_url", None):
+            raise SystemExit("ooospec-wave-first needs --sidecar-url (its waves run on that server, in each request)")
+        from transformers import AutoTokenizer
+
+        from ooospec.runtime.formats import detect_format
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+        return cls(args.sidecar_url, tokenizer, detect_format(tokenizer), wave=sidecar_wave(args),
+                   warm_tools=bool(getattr(args, "blocks", None)), gate=wave_first_gate(args))
+
+    def prepare(self, record: dict) -> None:
+        """Untimed, before the request's clock: the server idle, holding this request's toolbox (warm) or no block
+        at all (cold; a server that cannot forget stops the bench)."""
+        from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
+        from ooospec.runtime.sidecar.prompts import toolbox_messages
+
+        wait_idle(self.url)
+        if self.warm_tools:
+            self.client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
+        elif not reset_prefix_cache(self.url):
+            raise SystemExit(f"ooospec-wave-first: {self.url} did not forget its blocks (POST /reset_prefix_cache), "
+                             f"so the cold waves would start warm")
+
+    def run(self, record: dict, arrival: float) -> tuple[list, dict]:
+        """The request's wave, waited for: its schedule (the last bank's calls at 0 s; [] when the gate skipped the
+        wave or it failed) and ``{"wave_s", "banks", "decision"}``."""
+        from ooospec.eval.ooospec_method import ReleasedGuess
+
+        if self.client.gate is not None and not self.target_measured:
+            self._decision = self._stats = None     # nothing to weigh a wave against yet: run the target alone
+            return [], {"wave_s": round(time.perf_counter() - arrival, 4), "banks": [],
+                        "decision": {"decision": "skip", "why": "the target's step time is not measured yet"}}
+        req = self.client.submit(record["messages"], record["tools"], fmt=self.fmt, tokenizer=self.tokenizer,
+                                 arrival=arrival)
+        guess = ReleasedGuess.after_alone(req, arrival, self.timeout)
+        wave_s = time.perf_counter() - arrival
+        schedule = [[0.0, guess.schedule[-1][1].calls]] if guess.schedule else []
+        self._decision = getattr(req, "decision", None)
+        self._stats = req.stats() if hasattr(req, "stats") else None
+        return schedule, {"wave_s": round(wave_s, 4), "banks": [round(t, 4) for t, _ in guess.schedule],
+                          "decision": self._decision.to_dict() if self._decision is not None else None}
+
+    def observe(self, target_s: float, new_tokens: int, forwards: int) -> None:
+        """The request is over: teach the gate (if any) what it saw -- the target's tokens and seconds per verify
+        step (vLLM reports no per-step times, so each step counts at the request's mean) and, for a wave it sent,
+        the server's timings and the client-seen latency (what a wave costs here, beyond ``/health``'s
+        calibration). vLLM reports no hint tokens per request: the accept rate stays the prior's."""
+        from ooospec.runtime.sidecar.outcome import WaveOutcome
+
+        steps = max(int(forwards), 1)
+        if self.client.gate is not None and not self.target_measured:
+            self.target_measured = self.client.gate.calibrate_target(float(target_s) / steps, int(new_tokens))
+            return
+        decision = getattr(self, "_decision", None)
+        if self.client.gate is None or decision is None:
+            return
+        stats = getattr(self, "_stats", None)
+        sent = decision.kind != "skip" and stats is not None
+        self.client.gate.observe(WaveOutcome(
+            key=decision.key, kind=decision.kind, call_tokens=int(new_tokens), tokens_after_ready=0,
+            accepted_hint_tokens=0, target_prefill_s=0.0, target_decode_s=float(target_s),
+            idle_step_s=(float(target_s) / steps,) * steps, server=dict(stats.server) if sent else {},
+            wave_s=stats.wave_s if sent else None, num_queries=stats.n_queries if sent else 0))
+
+
+def wave_first_gate(args):
+    """``ooospec-wave-first``'s client-side wave gate: None with ``--sidecar-gate off``, else a
+    :class:`~ooospec.runtime.sidecar.gate.WaveGate` from the ``wave-first`` deployment's prior (calibrated by the
+    server's ``/health``): the target waits for a wave, so all of the wave's latency is its cost."""
+    if getattr(args, "sidecar_gate", "off") == "off":
+        return None
+    from dataclasses import replace
+
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+    from ooospec.runtime.sidecar.gate import WaveGate
+
+    return WaveGate(replace(DEPLOYMENTS[WAVE_FIRST].prior, marginal=VLLM_CHAIN_MARGINAL),
+                    prior_weight=WAVE_FIRST_PRIOR_WEIGHT)
 
 
 def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: dict, warm_tools: bool,
@@ -173,6 +293,36 @@ def engine_kwargs(args, method: str) -> dict:
     return kw
 
 
+def warm_block(llm, ids: Sequence[int], block: int | None) -> None:
+    """``--warm-tools``: the engine's prefix cache holds exactly the request's first ``block`` tokens (its system +
+    tools block) and nothing else; no-op without a block (cold)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if block:
+        llm.reset_prefix_cache()
+        llm.generate([TokensPrompt(prompt_token_ids=list(ids[:block]))], SamplingParams(temperature=0.0, max_tokens=1),
+                     use_tqdm=False)
+
+
+def toolspec_arm(llm, params: dict, record: dict, ids: Sequence[int], block: int | None) -> dict:
+    """``--paired``: the request again on the same engine as ``toolspec`` (no hints: no schedule and no sidecar; a
+    drafter history of its own, :data:`PAIRED_HISTORY`), from the same cache state; its seconds, tokens, accepted."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    warm_block(llm, ids, block)
+    sp = SamplingParams(**params, extra_args={**request_xargs(TOOLSPEC, record, None),
+                                              "ooospec_history": PAIRED_HISTORY})
+    before = counters(llm)
+    t = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=list(ids))], sp, use_tqdm=False)[0].outputs[0]
+    wall = time.perf_counter() - t
+    after = counters(llm)
+    return {"toolspec_s": wall, "tokens": list(out.token_ids),
+            "accepted": int(after[COUNTERS[2]] - before[COUNTERS[2]])}
+
+
 def run_method(args, method: str, records: list[dict], prompts: list[list[int]], params,
                reference: dict[str, dict]) -> list[dict]:
     """Build the method's engine, warm it up, time every request; rows in record order."""
@@ -186,35 +336,54 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
     load_s = time.perf_counter() - t0
     rows = []
     try:
-        schedules = getattr(args, "hint_schedules", None) or {}
+        schedules = dict(getattr(args, "hint_schedules", None) or {})
+        wave_first = None
+        if get_method(method).deployment == WAVE_FIRST:
+            wave_first = WaveFirst.for_run(args)
+            schedules[records[0]["id"]] = []          # the warm-up request: no wave
         warm = SamplingParams(**{**params, "max_tokens": 16},
                               extra_args=request_xargs(method, records[0], reference.get(records[0]["id"], {})
                                                        .get("text"), schedules.get(records[0]["id"])) or None)
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
         sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
         blocks = getattr(args, "blocks", None)
+        paired = wave_first is not None and bool(getattr(args, "paired", False))
         for i, (record, ids) in enumerate(zip(records, prompts)):
-            if blocks:        # --warm-tools: only this request's system + tools block is cached when the clock starts
-                llm.reset_prefix_cache()
-                llm.generate([TokensPrompt(prompt_token_ids=ids[:blocks[i]])],
-                             SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+            block = blocks[i] if blocks else None
+            pair = toolspec_arm(llm, params, record, ids, block) if paired and i % 2 else None   # odd: toolspec first
+            warm_block(llm, ids, block)
             ref = reference.get(record["id"], {})
-            sp = SamplingParams(**params, extra_args=request_xargs(method, record, ref.get("text"),
-                                                                   schedules.get(record["id"])) or None)
             if sidecar:       # the previous request's wave may still run: untimed, let it finish
                 from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
 
                 wait_idle(sidecar)
                 if not blocks:    # a cold toolbox: the sidecar holds no earlier block either
                     reset_prefix_cache(sidecar)
+            if wave_first is not None:
+                wave_first.prepare(record)
+            sp = None if wave_first is not None else SamplingParams(     # wave-first: once its wave is in
+                **params, extra_args=request_xargs(method, record, ref.get("text"), schedules.get(record["id"]))
+                or None)
             before = counters(llm)
             t = time.perf_counter()
+            wave = None
+            if wave_first is not None:       # inside the clock: the wave, waited for, then the target
+                schedules[record["id"]], wave = wave_first.run(record, t)
+                sp = SamplingParams(**params, extra_args=request_xargs(method, record, None, schedules[record["id"]]))
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
             wall = time.perf_counter() - t
             after = counters(llm)
             tokens = list(out.token_ids)
             accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
             extra = {"released_s": [t for t, _ in schedules[record["id"]]]} if record["id"] in schedules else {}
+            if wave is not None:
+                extra["wave"] = wave
+                wave_first.observe(wall - wave["wave_s"], len(tokens), max(len(tokens) - accepted, 1))
+            if paired:
+                first = "toolspec" if pair is not None else method
+                pair = pair or toolspec_arm(llm, params, record, ids, block)
+                extra["paired"] = {"toolspec_s": pair["toolspec_s"], "toolspec_accepted": pair["accepted"],
+                                   "same_tokens": pair["tokens"] == tokens, "first": first}
             rows.append({**extra, "record_id": record["id"], "method": method, "prompt_len": len(ids),
                          "time_s": wall, "new_tokens": len(tokens), "tokens": tokens, "text": out.text,
                          "drafts": int(after[COUNTERS[0]] - before[COUNTERS[0]]),

@@ -140,6 +140,9 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("ooospec-dedicated", "EMULATED: ooospec with the sidecar on a device of its own as fast as this CPU (the "
            "wave timed alone first, its hints released to the target at that latency)", drafters=_OOOSPEC,
            hints=SIDECAR, vllm=True, deployment="dedicated"),
+    Method("ooospec-wave-first", "ooospec with the sidecar on the target's cores, the target waiting for it: each "
+           "request's wave runs first (inside the request's time), then the target with its hints from the first "
+           "step", drafters=_OOOSPEC, hints=SIDECAR, vllm=True, deployment="wave-first"),
     Method("ooospec-gold", "toolspec + the gold call as hints at time zero (the ceiling)", drafters=_OOOSPEC,
            hints=GOLD),
     Method("ooospec-oracle", "toolspec + the target's own greedy call as hints at time zero (the ceiling of hints)",

@@ -5,6 +5,9 @@
 # vLLM plain and `toolspec`, with the toolbox warm (prefix caching on, each request's system + tools block cached in
 # vLLM and in the sidecar) or, CACHE=cold, cold (prefix caching off; the sidecar forgets every block before each wave).
 # `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
+# METHODS may add `ooospec-wave-first` (REAL on the same cores: each request's wave first, inside its time, then the
+# target with its hints; GATE other than off gates its waves at the client) and ADD="--add --paired" times each of its
+# requests as `toolspec` on the same engine too (eval/reports/vllm-wave-first/).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
 #   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS / ENGINE / CACHE

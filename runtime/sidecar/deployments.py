@@ -10,6 +10,8 @@ threads)::
     shared       all cores, bench threads         all cores, bench threads             skip (interference 1)
     split        pinned to the last core, 1 thr.  pinned to the other cores            send (interference 0.05)
     wave-first   all cores, bench threads         all cores, after the wave is ready   skip (all of it is cost)
+                 (method ooospec-wave-first: the same in vLLM; its client-side gate prices a hint token at vLLM's
+                 chain marginal, eval/vllm_runs.py VLLM_CHAIN_MARGINAL, and sends where the target is slow)
     dedicated    EMULATED (method ooospec-dedicated, beside the run's ooospec): the wave timed   send (interf. 0)
                  alone first on the run's server; the target then sees its hints at the measured latency
     remote       another machine or an idle accelerator (not set up by the bench)      send
@@ -70,7 +72,7 @@ SPLIT = Deployment("split", "the sidecar on a core of its own, the target on the
                    replace(_SHARED_CORES, interference=0.05),
                    Placement(server_cpus="last", server_threads="one", target_cpus="rest"))
 WAVE_FIRST = Deployment("wave-first", "the target's cores, and the target decodes only once the wave is ready",
-                        replace(_SHARED_CORES, target_prefill=0.0), _ALL_CORES, target_waits=True)
+                        replace(_SHARED_CORES, target_waits=True), _ALL_CORES, target_waits=True)
 DEDICATED = Deployment("dedicated", "EMULATED: the sidecar on a device of its own as fast as this CPU (the wave timed "
                        "alone, its hints released to the target at that latency)",
                        replace(_SHARED_CORES, interference=0.0, target_prefill=1.0), target_waits=True,

@@ -92,6 +92,8 @@ class Estimates:
     chars_per_token: float       # sidecar tokens of the block = chars / this
     hit_rate: float              # P(a slots wave's joined call is the call the target commits)
     tool_s: float = 0.0          # latency of the tool a call runs (agent loops; 0: no tool runs on a guess)
+    target_waits: bool = False   # the target starts only once the wave is ready (wave-first): no call token is
+    #                              committed before the bank, and the whole wave latency is the target's delay
 
 
 def calibrated(prior: Estimates, measured: Mapping[str, Any]) -> Estimates:
@@ -145,7 +147,7 @@ def expected_saving_s(option: Option, est: Estimates) -> float:
     if option.kind == "skip":
         return 0.0
     latency = est.latency_factor * wave_compute_s(option, est)
-    before = max(0.0, latency - est.target_prefill) / max(est.target_token_s, 1e-6)
+    before = 0.0 if est.target_waits else max(0.0, latency - est.target_prefill) / max(est.target_token_s, 1e-6)
     accepted = est.accept_rate[option.kind] * max(0.0, est.call_tokens - before)
     return accepted * est.marginal * est.step_s + expected_tool_saving_s(option, est, latency)
 
@@ -173,6 +175,8 @@ def expected_cost_s(option: Option, est: Estimates) -> float:
     """Target seconds the option costs: the slowdown its compute inflicts, plus the target's own sidecar work."""
     if option.kind == "skip":
         return 0.0
+    if est.target_waits:         # the target idles for the wave's whole latency, whatever the cores do meanwhile
+        return est.latency_factor * wave_compute_s(option, est) + est.client_s
     return est.interference * wave_compute_s(option, est) + est.client_s
 
 
@@ -322,6 +326,18 @@ class WaveGate:
         gate.server_prefix_cache = self.server_prefix_cache
         gate.calibration = self.calibration
         return gate
+
+    def calibrate_target(self, step_s: float, call_tokens: float) -> bool:
+        """Price the target's side with one of its requests measured on this machine (a client that times whole
+        requests, such as one in front of vLLM): its seconds per step and its tokens replace the prior's, which
+        were measured on another machine and target. Out of range (not positive, a step over 60 s): ignored,
+        False."""
+        if not (0 < step_s < 60 and 0 < call_tokens < 1e6):
+            logger.warning("target calibration ignored: step_s=%r, call_tokens=%r", step_s, call_tokens)
+            return False
+        with self._lock:
+            self.prior = replace(self.prior, step_s=float(step_s), call_tokens=float(call_tokens))
+        return True
 
     def calibrate(self, measured: Mapping[str, Any]) -> bool:
         """Price the sidecar's compute with what its server measured on this machine (its ``/health``

@@ -270,3 +270,31 @@ def test_the_history_variant_reruns_earlier_calls_and_the_summary_names_hit_sour
     summary = summarize([row("sessions", []), row("dedicated", ["guess", "history", "history"])])
     assert summary[1]["hits_by_source"] == {"guess": 1, "history": 2} and summary[1]["hit_rate"] == 0.75
     assert "75.0% (guess 1, history 2)" in markdown_table(summary)
+
+
+def test_wave_first_counts_the_wave_in_the_turn_and_starts_the_tool_at_its_end(fake_vllm):
+    """``wave-first`` (real, shared cores): each turn's wave is waited for inside the dialogue's time (nothing
+    excluded), its call starts the tool before the target runs, and its hints reach vLLM at 0 s."""
+    import time
+
+    llm, tok = fake_vllm
+
+    class _Slow(_Client):                       # a wave that takes 0.2 s
+        def submit(self, messages, tools, **kw):
+            time.sleep(0.2)
+            return super().submit(messages, tools, **kw)
+
+    client = _Slow(CALL)
+    sessions = agent_vllm.replay_vllm(_chat(llm, tok, "sessions"), DIALOGUE, 0.3, "sessions", speculator="sidecar",
+                                      max_new_tokens=24)
+    llm.requests.clear()
+    row = agent_vllm.replay_vllm(_chat(llm, tok, "wave-first"), DIALOGUE, 0.3, "wave-first", speculator="sidecar",
+                                 max_new_tokens=24, client=client)
+    assert row["texts"] == sessions["texts"] and row["hits"] == 1 and row["waves"] == 2 == client.submitted
+    assert row["excluded_s"] == 0
+    assert row["wall_s"] >= sum(t["gen_s"] + t["tool_wait_s"] for t in row["turns"]) + 2 * 0.2 - 0.05
+    turns = [r for r in llm.requests if r]
+    assert all(json.loads(r["ooospec_hint_schedule"])[0][0] == 0.0 for r in turns)
+    assert agent_vllm.variants_of("sessions,wave-first", "sidecar") == ["sessions", "wave-first"]
+    with pytest.raises(SystemExit, match="wave-first needs --speculator sidecar"):
+        agent_vllm.variants_of("wave-first", "gold")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import ClassVar
 
 import pytest
 
@@ -300,3 +301,167 @@ def test_a_gpu_share_reaches_the_target_engine_only_when_given():
     assert "gpu_memory_utilization" not in vllm_runs.engine_kwargs(args, "toolspec")
     args.gpu_memory_utilization = 0.7
     assert vllm_runs.engine_kwargs(args, "toolspec")["gpu_memory_utilization"] == 0.7
+
+
+def _wave_first(url: str, *, warm_tools: bool, gate=None):
+    from ooospec.runtime.formats import hermes
+    from tests.runtime.chat_tiny import trained_chat_model
+
+    return vllm_runs.WaveFirst(url, trained_chat_model()[1], hermes, wave={"wave": "all", "top_k": 2},
+                               warm_tools=warm_tools, gate=gate, timeout=10.0)
+
+
+def test_wave_first_waits_for_the_wave_inside_the_clock_and_hands_its_call_at_zero():
+    """``ooospec-wave-first``: the wave runs in the request's time and its last bank reaches vLLM at 0 s; warm, the
+    request's toolbox is prefilled before the clock (untimed)."""
+    import time
+
+    from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
+
+    record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
+    with StandIn("by_query") as server:
+        wf = _wave_first(server.url, warm_tools=True)
+        wf.prepare(record)
+        prefills = len(server.received)
+        arrival = time.perf_counter()
+        schedule, info = wf.run(record, arrival)
+    assert prefills == 1                                     # the toolbox, before the clock
+    assert len(server.received) == 2 and server.received[1][0] >= arrival
+    assert schedule == [[0.0, [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]]]
+    assert info["wave_s"] >= info["banks"][-1] > 0 and info["decision"] is None
+    xargs = vllm_runs.request_xargs("ooospec-wave-first", record, None, schedule)
+    assert json.loads(xargs["ooospec_hint_schedule"]) == schedule
+    with pytest.raises(ValueError, match="hint schedule"):
+        vllm_runs.request_xargs("ooospec-wave-first", record, None, None)
+
+
+def test_wave_first_cold_refuses_a_server_that_keeps_its_blocks_and_a_skipping_gate_sends_nothing():
+    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
+    from ooospec.runtime.sidecar.gate import WaveGate
+    from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
+
+    record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
+    stub = _StubSidecar(reset=404)
+    try:
+        with pytest.raises(SystemExit, match="did not forget its blocks"):
+            _wave_first(stub.url, warm_tools=False).prepare(record)
+    finally:
+        stub.close()
+    with StandIn("by_query") as server:       # our engine's wave-first prior: a wave costs its whole latency -> skip
+        wf = _wave_first(server.url, warm_tools=True, gate=WaveGate(DEPLOYMENTS["wave-first"].prior))
+        wf.target_measured = True
+        schedule, info = wf.run(record, __import__("time").perf_counter())
+    assert schedule == [] and info["decision"]["decision"] == "skip" and server.received == []
+    assert info["decision"]["num_queries"] == 0
+    assert vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="off")) is None
+    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    assert gate.prior.target_waits and gate.prior.marginal == vllm_runs.VLLM_CHAIN_MARGINAL
+
+
+def test_wave_first_prices_the_target_with_its_first_request_then_gates_and_learns():
+    """With a gate the first request runs without a wave (nothing to weigh one against): its seconds per step and
+    tokens price the target; the next requests are decided, and each teaches the gate."""
+    import time
+
+    from ooospec.runtime.sidecar.gate import tools_key
+    from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
+
+    record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
+    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    assert gate.prior_weight == vllm_runs.WAVE_FIRST_PRIOR_WEIGHT
+    with StandIn("by_query") as server:
+        wf = _wave_first(server.url, warm_tools=True, gate=gate)
+        schedule, info = wf.run(record, time.perf_counter())
+        assert schedule == [] and server.received == [] and info["decision"]["decision"] == "skip"
+        wf.observe(target_s=10.0, new_tokens=40, forwards=10)          # 1 s a step, against the prior's 0.19 s
+        assert wf.target_measured and gate.prior.step_s == 1.0 and gate.prior.call_tokens == 40
+        schedule, info = wf.run(record, time.perf_counter())          # a slow target: the wave pays
+    assert info["decision"]["decision"] != "skip" and schedule and len(server.received) == 1
+    before = gate.estimates(tools_key(TOOLS))
+    wf.observe(target_s=1.0, new_tokens=20, forwards=10)               # then a faster request
+    after = gate.estimates(tools_key(TOOLS))
+    assert after.step_s < before.step_s and after.call_tokens < before.call_tokens
+    assert after.accept_rate == before.accept_rate                  # no hint stats from vLLM: the prior stands
+    assert not gate.calibrate_target(0.0, 10) and not gate.calibrate_target(1.0, 0)
+
+
+class _FakeLLM:
+    """Enough of vLLM's offline ``LLM`` for :func:`vllm_runs.run_method`: every generate is logged with what the
+    prefix cache held (reset, then the toolbox block) and answers the same tokens."""
+
+    instances: ClassVar[list] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.log, self.cached = kwargs, [], None
+        _FakeLLM.instances.append(self)
+
+    def reset_prefix_cache(self):
+        self.cached = None
+
+    def generate(self, prompts, sp, use_tqdm=False):
+        from types import SimpleNamespace
+
+        ids = prompts[0]["prompt_token_ids"]
+        if sp.kwargs.get("max_tokens") == 1 and sp.extra_args is None:      # a toolbox block, cached
+            self.cached = len(ids)
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0], text="")])]
+        self.log.append({"n": len(ids), "cached": self.cached, "xargs": sp.extra_args})
+        self.cached = None          # the request's own blocks are cached now: the next arm must reset
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5, 6, 7], text="abc")])]
+
+    def get_metrics(self):
+        return []
+
+
+def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(monkeypatch):
+    """``--paired``: request by request the wave-first arm and a toolspec arm (no schedule, a history of its own)
+    on one engine, the order alternating, each arm starting from only its toolbox block in the cache."""
+    import sys
+    import types
+
+    class SamplingParams:
+        def __init__(self, extra_args=None, **kwargs):
+            self.extra_args, self.kwargs = extra_args, kwargs
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = _FakeLLM, SamplingParams
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+    class FakeWaveFirst:
+        seen: ClassVar[list] = []
+
+        def prepare(self, record):
+            self.seen.append(("prepare", record["id"]))
+
+        def run(self, record, arrival):
+            self.seen.append(("wave", record["id"]))
+            return [[0.0, [{"name": "f", "arguments": {}}]]], {"wave_s": 0.001, "banks": [0.001], "decision": None}
+
+        def observe(self, *a):
+            self.seen.append(("observe",))
+
+    monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
+    records = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(3)]
+    prompts = [list(range(10 + i)) for i in range(3)]
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url="http://x", warm_tools=True, blocks=[4, 4, 4],
+                              paired=True, classify=False)
+    _FakeLLM.instances.clear()
+    rows = vllm_runs.run_method(args, "ooospec-wave-first", records, prompts, {"max_tokens": 8}, {})
+    log = _FakeLLM.instances[0].log[1:]                     # [0]: the warm-up request
+    arms = ["toolspec" if "ooospec_hint_schedule" not in e["xargs"] else "wave-first" for e in log]
+    assert arms == ["wave-first", "toolspec", "toolspec", "wave-first", "wave-first", "toolspec"]
+    assert all(e["cached"] == 4 for e in log)               # every arm: the toolbox block only
+    assert all(e["xargs"].get("ooospec_history") == vllm_runs.PAIRED_HISTORY for e, a in zip(log, arms)
+               if a == "toolspec")
+    assert all("ooospec_history" not in e["xargs"] for e, a in zip(log, arms) if a == "wave-first")
+    assert [r["paired"]["first"] for r in rows] == ["ooospec-wave-first", "toolspec", "ooospec-wave-first"]
+    assert all(r["paired"]["same_tokens"] and r["wave"]["wave_s"] == 0.001 for r in rows)
+    assert FakeWaveFirst.seen.count(("observe",)) == 3
+    s = vb.summarize(rows, None)
+    assert s["waves_sent"] == 3 and s["paired_same_tokens"] == 3 and "paired_vs_toolspec" in s
+    notes = "".join(vllm_report.wave_notes({"ooospec-wave-first": s}))
+    assert "waves sent 3/3" in notes and "paired with `toolspec`" in notes

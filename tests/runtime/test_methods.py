@@ -65,9 +65,14 @@ def test_the_registry_sorts_every_method_and_its_hints():
     assert bench_methods.HF_PEERS == ("hf-greedy", "hf-pld", "hf-assisted")
     assert methods.REFERENCES == {"hf": "hf-greedy", "llama.cpp": "llama.cpp", "vllm": "vllm"}
     assert {n: m.hints for n, m in methods.REGISTRY.items() if m.hints} == {
-        "ooospec": "sidecar", "ooospec-dedicated": "sidecar", "ooospec-gold": "gold", "ooospec-oracle": "oracle"}
-    assert [n for n, m in methods.REGISTRY.items() if m.uses_sidecar] == ["ooospec", "ooospec-dedicated"]
-    assert {methods.hint_method(s) for s in methods.HINT_SOURCES} == set(methods.HINT_METHODS) - {"ooospec-dedicated"}
+        "ooospec": "sidecar", "ooospec-dedicated": "sidecar", "ooospec-wave-first": "sidecar", "ooospec-gold": "gold",
+        "ooospec-oracle": "oracle"}
+    assert [n for n, m in methods.REGISTRY.items() if m.uses_sidecar] == [
+        "ooospec", "ooospec-dedicated", "ooospec-wave-first"]
+    assert {methods.hint_method(s) for s in methods.HINT_SOURCES} == set(methods.HINT_METHODS) - {
+        "ooospec-dedicated", "ooospec-wave-first"}
+    wave_first = methods.REGISTRY["ooospec-wave-first"]        # real: the target waits, nothing emulated
+    assert DEPLOYMENTS[wave_first.deployment].target_waits and not DEPLOYMENTS[wave_first.deployment].emulated
     dedicated = methods.REGISTRY["ooospec-dedicated"]          # the emulation: never served, always labelled
     assert not dedicated.served and DEPLOYMENTS[dedicated.deployment].emulated and "EMULATED" in dedicated.summary
     assert [n for n, m in methods.REGISTRY.items() if not m.warm_starts] == ["hf-pld", "hf-assisted"]

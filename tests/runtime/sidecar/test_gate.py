@@ -337,3 +337,22 @@ def test_bench_method_reports_the_decision(target):
         row = hints.finish(source, drafter, result)
     assert result.tokens == ar and row["wave"]["decision"] == "slots" and row["n_queries"] == 3
     assert len(server.queries) == 1
+
+
+def test_wave_first_prices_the_whole_latency_and_counts_no_token_before_the_bank():
+    """``target_waits`` (wave-first): the target commits nothing while it waits, so every call token can take a hint,
+    and the wave's latency is the cost whatever the interference; the concurrent model charges the compute only."""
+    est = replace(SHARED, interference=0.5, chars_per_token=1.0, prefill_per_token=0.001, decode_forward=0.05,
+                  decode_per_query=0.0, forwards={"index": 2.0, "slots": 4.0}, latency_factor=1.2,
+                  target_prefill=0.1, target_token_s=0.05, accept_rate={"index": 0.1, "slots": 0.5},
+                  call_tokens=40, marginal=0.2, step_s=0.2, client_s=0.01)
+    opt = Option("slots", WAVE.queries, 100)
+    compute = wave_compute_s(opt, est)
+    latency = 1.2 * compute
+    waits = replace(est, target_waits=True)
+    assert expected_saving_s(opt, waits) == pytest.approx(0.5 * 40 * 0.2 * 0.2)
+    assert expected_cost_s(opt, waits) == pytest.approx(latency + 0.01)
+    committed = (latency - 0.1) / 0.05                      # concurrent: tokens out before the bank
+    assert expected_saving_s(opt, est) == pytest.approx(0.5 * max(0.0, 40 - committed) * 0.2 * 0.2)
+    assert expected_cost_s(opt, est) == pytest.approx(0.5 * compute + 0.01)
+    assert DEPLOYMENTS["wave-first"].prior.target_waits and not SHARED.target_waits
