@@ -17,6 +17,8 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
     cost(o)     = interference * compute(o) + client_s
     choose argmax over o of saving(o) - cost(o), with skip = 0
 
+    target_waits (wave-first: the target starts once the bank is ready): before(o) = 0, cost(o) = latency(o) + client_s
+
 ``accept_rate(o)``: hint tokens accepted per call token generated after the bank was ready (HintDrafter stats),
 per option kind, per tool set shrunk toward the across-tool-sets estimate; ``call_tokens``: the expected call
 length for this tool set; ``step_s``: the target's seconds per decode step on this machine (``T(1)`` of its
