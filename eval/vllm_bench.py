@@ -39,6 +39,7 @@ from pathlib import Path
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
 from ooospec.eval.vllm_report import render_table
 from ooospec.eval.vllm_runs import (
+    WAVE_FIRST,
     add_engine_arguments,
     dedicated_schedules,
     environment,
@@ -179,7 +180,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise SystemExit("--warm-tools runs offline engines only (not with --serve-lora)")
         args.blocks = toolbox_blocks(records, prompts, tokenizer, fmt)
     params = sampling_params(args.model_dir, tokenizer, fmt, args.max_new_tokens)
-    if any(get_method(m).deployment == "wave-first" for m in order) and not args.sidecar_url:
+    if any(get_method(m).deployment == WAVE_FIRST for m in order) and not args.sidecar_url:
         raise SystemExit("ooospec-wave-first needs --sidecar-url (each request's wave runs on that server first)")
     if any(get_method(m).deployment == "dedicated" for m in order):
         if not args.sidecar_url:

@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
+from ooospec.runtime.sidecar.deployments import WAVE_FIRST as WAVE_FIRST_DEPLOYMENT
 from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.tokens import common_prefix_len
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
-WAVE_FIRST = "wave-first"                   # the deployment of ooospec-wave-first
+WAVE_FIRST = WAVE_FIRST_DEPLOYMENT.name       # the deployment of ooospec-wave-first
 PAIRED_HISTORY = "paired-toolspec"           # --paired: the toolspec arm's drafter history (apart from the method's)
 SCHEDULED = ("dedicated", WAVE_FIRST)        # deployments whose hints reach vLLM as a schedule in the request
 # Target forwards a hint-accepted token saves inside vLLM (the wave gate's ``marginal``; our engine's prior is 0.1):
@@ -102,7 +103,50 @@ def request_xargs(method: str, record: dict, reference_text: str | None, schedul
     return xargs
 
 
-class WaveFirst:
+class AloneWaves:
+    """Sidecar waves run ALONE on ``url``'s server, one request after the other (nothing else computes meanwhile):
+    what ``ooospec-dedicated`` times before vLLM loads and what ``ooospec-wave-first`` waits for inside each request.
+
+        waves = AloneWaves(url, tokenizer, fmt, wave={"wave": "function-first", "top_k": 2}, warm_tools=True)
+        waves.prepare(record)                     # untimed: the toolbox prefilled (warm) or every block forgotten
+        guess = waves.alone(record, arrival)      # the wave, waited for: each bank with its latency from arrival
+    """
+
+    name = "ooospec-dedicated"
+
+    def __init__(self, url: str, tokenizer, fmt, *, wave: dict, warm_tools: bool, gate=None,
+                 timeout: float | None = None):
+        from ooospec.eval.ooospec_method import WAVE_FIRST_TIMEOUT_S
+        from ooospec.runtime.sidecar.client import SidecarClient
+
+        self.url, self.warm_tools, self.tokenizer, self.fmt = url, warm_tools, tokenizer, fmt
+        self.client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"], gate=gate)
+        self.timeout = WAVE_FIRST_TIMEOUT_S if timeout is None else timeout
+
+    def prepare(self, record: dict) -> None:
+        """Untimed, before the request's clock: the server idle, holding this request's toolbox (warm) or no block
+        at all (cold; a server that cannot forget stops the bench)."""
+        from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
+        from ooospec.runtime.sidecar.prompts import toolbox_messages
+
+        wait_idle(self.url)
+        if self.warm_tools:
+            self.client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
+        elif not reset_prefix_cache(self.url):
+            raise SystemExit(f"{self.name}: {self.url} did not forget its blocks (POST /reset_prefix_cache), so the "
+                             f"cold waves would start warm")
+
+    def alone(self, record: dict, arrival: float):
+        """The request's wave, submitted at ``arrival`` and waited for (a ``ReleasedGuess``: each distinct bank with
+        its latency; its ``req`` keeps the client's stats and the gate's decision)."""
+        from ooospec.eval.ooospec_method import ReleasedGuess
+
+        req = self.client.submit(record["messages"], record["tools"], fmt=self.fmt, tokenizer=self.tokenizer,
+                                 arrival=arrival)
+        return ReleasedGuess.after_alone(req, arrival, self.timeout)
+
+
+class WaveFirst(AloneWaves):
     """``ooospec-wave-first`` (REAL, the sidecar on the target's cores): the request's sidecar wave runs first, inside
     the request's clock, while the target's engine waits idle; then the target decodes with the wave's last bank as
     hints from its first step. Nothing runs beside anything else on the cores, so the row is a measured deployment
@@ -117,14 +161,10 @@ class WaveFirst:
         schedule, info = wf.run(record, arrival)  # timed: [[0.0, calls]] (or []) and the wave's seconds, decision
     """
 
-    def __init__(self, url: str, tokenizer, fmt, *, wave: dict, warm_tools: bool, gate=None,
-                 timeout: float | None = None):
-        from ooospec.eval.ooospec_method import WAVE_FIRST_TIMEOUT_S
-        from ooospec.runtime.sidecar.client import SidecarClient
+    name = "ooospec-wave-first"
 
-        self.url, self.warm_tools, self.tokenizer, self.fmt = url, warm_tools, tokenizer, fmt
-        self.client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"], gate=gate)
-        self.timeout = WAVE_FIRST_TIMEOUT_S if timeout is None else timeout
+    def __init__(self, url: str, tokenizer, fmt, **kwargs):
+        super().__init__(url, tokenizer, fmt, **kwargs)
         self.target_measured = False    # a gate decides only once one request has priced the target here
 
     @classmethod
@@ -141,31 +181,15 @@ class WaveFirst:
         return cls(args.sidecar_url, tokenizer, detect_format(tokenizer), wave=sidecar_wave(args),
                    warm_tools=bool(getattr(args, "blocks", None)), gate=wave_first_gate(args))
 
-    def prepare(self, record: dict) -> None:
-        """Untimed, before the request's clock: the server idle, holding this request's toolbox (warm) or no block
-        at all (cold; a server that cannot forget stops the bench)."""
-        from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
-        from ooospec.runtime.sidecar.prompts import toolbox_messages
-
-        wait_idle(self.url)
-        if self.warm_tools:
-            self.client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
-        elif not reset_prefix_cache(self.url):
-            raise SystemExit(f"ooospec-wave-first: {self.url} did not forget its blocks (POST /reset_prefix_cache), "
-                             f"so the cold waves would start warm")
-
     def run(self, record: dict, arrival: float) -> tuple[list, dict]:
         """The request's wave, waited for: its schedule (the last bank's calls at 0 s; [] when the gate skipped the
         wave or it failed) and ``{"wave_s", "banks", "decision"}``."""
-        from ooospec.eval.ooospec_method import ReleasedGuess
-
         if self.client.gate is not None and not self.target_measured:
             self._decision = self._stats = None     # nothing to weigh a wave against yet: run the target alone
             return [], {"wave_s": round(time.perf_counter() - arrival, 4), "banks": [],
                         "decision": {"decision": "skip", "why": "the target's step time is not measured yet"}}
-        req = self.client.submit(record["messages"], record["tools"], fmt=self.fmt, tokenizer=self.tokenizer,
-                                 arrival=arrival)
-        guess = ReleasedGuess.after_alone(req, arrival, self.timeout)
+        guess = self.alone(record, arrival)
+        req = guess.req
         wave_s = time.perf_counter() - arrival
         schedule = [[0.0, guess.schedule[-1][1].calls]] if guess.schedule else []
         self._decision = getattr(req, "decision", None)
@@ -204,10 +228,9 @@ def wave_first_gate(args):
         return None
     from dataclasses import replace
 
-    from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
     from ooospec.runtime.sidecar.gate import WaveGate
 
-    return WaveGate(replace(DEPLOYMENTS[WAVE_FIRST].prior, marginal=VLLM_CHAIN_MARGINAL),
+    return WaveGate(replace(WAVE_FIRST_DEPLOYMENT.prior, marginal=VLLM_CHAIN_MARGINAL),
                     prior_weight=WAVE_FIRST_PRIOR_WEIGHT)
 
 
@@ -218,23 +241,11 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
     then the final one) with its latency from submission -- what ``ooospec-dedicated`` replays inside vLLM.
     ``warm_tools``: the request's toolbox is prefilled first, untimed; else the server forgets every earlier block
     first (a cold toolbox: no earlier request's block either). A failed wave gives an empty schedule."""
-    from ooospec.eval.ooospec_method import ReleasedGuess
-    from ooospec.runtime.sidecar.client import SidecarClient
-    from ooospec.runtime.sidecar.process import reset_prefix_cache, wait_idle
-    from ooospec.runtime.sidecar.prompts import toolbox_messages
-
-    client = SidecarClient(url, wave=wave["wave"], top_k=wave["top_k"])   # alone: nothing to gate
+    waves = AloneWaves(url, tokenizer, fmt, wave=wave, warm_tools=warm_tools, timeout=timeout)   # nothing to gate
     out = {}
     for record in records:
-        wait_idle(url)
-        if warm_tools:
-            client.prefill(toolbox_messages(record["messages"]), record["tools"], wait=True)
-        elif not reset_prefix_cache(url):
-            raise SystemExit(f"ooospec-dedicated: {url} did not forget its blocks (POST /reset_prefix_cache), so the "
-                             f"cold waves would start warm")
-        arrival = time.perf_counter()
-        req = client.submit(record["messages"], record["tools"], fmt=fmt, tokenizer=tokenizer, arrival=arrival)
-        guess = ReleasedGuess.after_alone(req, arrival, timeout)
+        waves.prepare(record)
+        guess = waves.alone(record, time.perf_counter())
         out[record["id"]] = [[round(t, 4), bank.calls] for t, bank in guess.schedule]
     if records and not any(out.values()):
         raise SystemExit(f"ooospec-dedicated: no wave of the {len(records)} requests was answered by {url} (is the "
