@@ -50,8 +50,9 @@ def canonical_value(v: Any, text: Callable[[str], str] = _same) -> Any:
         return v
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    if isinstance(v, dict):
-        return {text(str(k)): canonical_value(x, text) for k, x in v.items()}
+    if isinstance(v, dict):      # keys that ``text`` makes equal ("City", "city"): the greatest original key wins,
+        #                             whatever the order the object came in
+        return {text(str(k)): canonical_value(x, text) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
     if isinstance(v, (list, tuple)):
         return [canonical_value(x, text) for x in v]
     return v

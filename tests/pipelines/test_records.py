@@ -109,3 +109,13 @@ def test_reject_to_json_keeps_unserializable_raw():
     d = rej.to_json()
     assert d["id"] == "s/sp/7" and isinstance(d["raw"]["obj"], str)
     json.dumps(d)
+
+
+def test_keys_that_normalize_alike_give_one_form_in_any_order():
+    """"\\r" and "\\x0c" both normalize to "" (as "City" and "city" to "city"): which value stands must not depend
+    on the order the object came in (found by the property above)."""
+    args = {"0": None, "\r": None, "\x0c": []}
+    for order in (list(args.items()), list(reversed(args.items())), sorted(args.items(), key=lambda kv: kv[1] is None)):
+        assert C.canonical_calls([R.call("f", dict(order))]) == C.canonical_calls([R.call("f", args)])
+    assert C.canonical_calls([R.call("f", {"City": "a", "city": "b"})]) == C.canonical_calls(
+        [R.call("f", {"city": "b", "City": "a"})])
