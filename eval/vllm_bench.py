@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from ooospec.eval.bench_data import load_examples, prompt_ids_of, toolbox_blocks
-from ooospec.eval.vllm_report import render_table
+from ooospec.eval.vllm_report import hint_worth, render_table
 from ooospec.eval.vllm_runs import (
     WAVE_FIRST,
     add_engine_arguments,
@@ -102,6 +102,7 @@ def summarize(rows: list[dict], ref_mean: float | None) -> dict:
     if waves:                                 # ooospec-wave-first: the waves sent and their seconds
         sent = [w for w in waves if w.get("banks")]
         out.update(waves_sent=len(sent), wave_mean_s=statistics.fmean(w["wave_s"] for w in sent) if sent else 0.0)
+        out.update(hint_worth([r for r in rows if (r.get("wave") or {}).get("banks")]))
     return out
 
 
@@ -149,6 +150,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ooospec-wave-first: also time each request as toolspec on the same engine (no hints, a "
                         "drafter history of its own, the same cache state, the order alternating per request), so "
                         "the two differ only by the wave; the table adds the paired ratio")
+    p.add_argument("--gate-warmup", type=int, default=0, metavar="N",
+                   help="ooospec-wave-first with a gate: before the timed requests (untimed, no rows) the gate learns "
+                        "from N other requests of the dataset (the N after the --limit timed ones: disjoint), as a "
+                        "deployed gate has seen earlier traffic; 0: the gate starts from its prior")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")
@@ -173,12 +178,20 @@ def run_cli(args: argparse.Namespace) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     fmt = detect_format(tokenizer)
-    records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit)
+    check_gate_warmup(args, order)
+    records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit + args.gate_warmup)
+    records, warmup = records[:args.limit], records[args.limit:]
+    if len(warmup) < args.gate_warmup:
+        raise SystemExit(f"--gate-warmup {args.gate_warmup}: {args.dataset} has {len(warmup)} requests after the "
+                         f"{args.limit} timed ones")
     prompts = [prompt_ids_of(r, tokenizer, fmt) for r in records]
+    warmup_prompts = [prompt_ids_of(r, tokenizer, fmt) for r in warmup]
     if args.warm_tools:
         if args.serve_lora:
             raise SystemExit("--warm-tools runs offline engines only (not with --serve-lora)")
         args.blocks = toolbox_blocks(records, prompts, tokenizer, fmt)
+    args.warmup = {"records": warmup, "prompts": warmup_prompts,
+                   "blocks": toolbox_blocks(warmup, warmup_prompts, tokenizer, fmt) if args.warm_tools else None}
     params = sampling_params(args.model_dir, tokenizer, fmt, args.max_new_tokens)
     if any(get_method(m).deployment == WAVE_FIRST for m in order) and not args.sidecar_url:
         raise SystemExit("ooospec-wave-first needs --sidecar-url (each request's wave runs on that server first)")
@@ -203,6 +216,14 @@ def run_cli(args: argparse.Namespace) -> int:
     shutil.rmtree(saved)
     print(render_table(results))
     return 0
+
+
+def check_gate_warmup(args, order: list[str]) -> None:
+    """``--gate-warmup N``: N >= 0, and N > 0 only where a gated ``ooospec-wave-first`` runs (else SystemExit)."""
+    if args.gate_warmup < 0 or (args.gate_warmup and (args.sidecar_gate == GATE_OFF or not any(
+            get_method(m).deployment == WAVE_FIRST for m in order))):
+        raise SystemExit(f"--gate-warmup {args.gate_warmup}: N >= 0 warms the gate of ooospec-wave-first; it needs "
+                         f"that method and --sidecar-gate other than off")
 
 
 def methods_to_run(methods: str) -> list[str]:

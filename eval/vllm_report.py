@@ -7,6 +7,8 @@ each method's ratio to ``toolspec`` of the same cell where it ran (what the side
 with cold and warm cells (``<target>_<bench>_cold.json`` / ``_warm.json``) names each row's caching.
 Where the cell has ``vllm-prefill`` rows (time to the first token), also the prefill's share of vLLM plain's time
 and each method's decode speedup (both times less the prefill): the part a drafter can change.
+Under the table, per cell that ran waves inside its requests (``ooospec-wave-first``): the waves sent, what their
+hints were worth (:func:`hint_worth`, from the rows) and the ratio to the paired ``toolspec`` arm (``--paired``).
 Writes ``DIR/table.md`` and prints it. :func:`render_table` is one run's table, which ``ooospec vllm-bench`` prints
 and writes beside the run's JSON.
 """
@@ -39,8 +41,36 @@ def cells(folder: Path) -> list[dict]:
             continue
         data = json.loads(path.read_text())
         if "methods" in data and "order" in data:
+            refresh_hint_worth(data)
             out.append(data)
     return sorted(out, key=lambda d: (d["target"], d["dataset"], bool(d["env"].get("warm_tools"))))
+
+
+def refresh_hint_worth(cell: dict) -> None:
+    """A results file written before :func:`hint_worth` existed still has its rows: each
+    wave-first method's summary gets the hints' worth from them (a newer file's summary is recomputed alike)."""
+    for name, summary in cell["methods"].items():
+        if "waves_sent" in summary:
+            summary.update(hint_worth([r for r in cell.get("examples", [])
+                                       if r.get("method") == name and (r.get("wave") or {}).get("banks")]))
+
+
+def hint_worth(rows: list[dict]) -> dict:
+    """Over the requests that got a wave: accepted tokens a hint covered and those only the hints had proposed (the
+    proposer's counters), per call token; with ``--paired`` also the target forwards saved against the toolspec arm,
+    per call token and per hint-only token (``VLLM_CHAIN_MARGINAL`` is that last ratio, pooled). {} without them."""
+    rows = [r for r in rows if "hint_only_accepted" in r]
+    tokens = sum(r["new_tokens"] for r in rows)
+    if not tokens:
+        return {}
+    only = sum(r["hint_only_accepted"] for r in rows)
+    out = {"hint_accepted_per_token": sum(r["hint_accepted"] for r in rows) / tokens,
+           "hint_only_per_token": only / tokens, "hint_only_accepted": only}
+    if all(r.get("paired") for r in rows):
+        saved = sum(max(r["new_tokens"] - r["paired"]["toolspec_accepted"], 1) - r["forwards"] for r in rows)
+        out.update(forwards_saved=saved, forwards_saved_per_token=saved / tokens,
+                   forwards_saved_per_hint_only=saved / only if only else None)
+    return out
 
 
 def rows_of(cell: dict, with_caching: bool = False) -> list[list]:
@@ -79,7 +109,12 @@ def render(folder: Path) -> str:
             f"k = {env['k']} (ngram {env['ngram_k']}), up to {env.get('max_new_tokens', '?')} new tokens; "
             f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
     rows = [r for cell in found for r in rows_of(cell, with_caching=mixed)]
-    return head + "\n\n" + md_table(HEADERS, rows, labels=2)
+    notes = []
+    for cell in found:
+        lines = wave_notes(cell["methods"])
+        if lines:
+            notes.append(f"\n\n**{Path(cell['target']).name}, {cell['dataset']}**" + "".join(lines))
+    return head + "\n\n" + md_table(HEADERS, rows, labels=2) + "".join(notes)
 
 
 def _identical(s: dict) -> str:
@@ -129,6 +164,15 @@ def wave_notes(methods: dict) -> list[str]:
         if "waves_sent" in s:
             out.append(f"\n\n`{name}`: waves sent {s['waves_sent']}/{s['n']}, mean {s['wave_mean_s']:.3f} s each "
                        "(inside the request's time)")
+        if "hint_only_per_token" in s:
+            line = (f"\n\n`{name}`, requests with a wave: accepted tokens a hint covered "
+                    f"{s['hint_accepted_per_token']:.3f} per call token, only the hints had "
+                    f"{s['hint_only_per_token']:.3f}")
+            if s.get("forwards_saved_per_token") is not None:
+                per_only = s["forwards_saved_per_hint_only"]
+                line += (f"; target forwards saved against the paired arm {s['forwards_saved_per_token']:.3f} per call "
+                         f"token" + (f", {per_only:.2f} per hint-only token" if per_only is not None else ""))
+            out.append(line)
         if "paired_vs_toolspec" in s:
             out.append(f"\n\n`{name}` paired with `toolspec` on the same engine: **{s['paired_vs_toolspec']:.2f}x** "
                        f"(toolspec {s['paired_toolspec_mean_s']:.3f} s, this {s['mean_s']:.3f} s at the mean; "

@@ -23,16 +23,20 @@ from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, g
 from ooospec.runtime.sidecar.deployments import WAVE_FIRST as WAVE_FIRST_DEPLOYMENT
 from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.tokens import common_prefix_len
+from ooospec.runtime.vllm.proposer import HINT_COUNTERS
 
 PROPOSER = "ooospec.runtime.vllm.OoOSpecProposer"
 WAVE_FIRST = WAVE_FIRST_DEPLOYMENT.name       # the deployment of ooospec-wave-first
 PAIRED_HISTORY = "paired-toolspec"           # --paired: the toolspec arm's drafter history (apart from the method's)
+WARMUP_HISTORY = "gate-warmup"               # --gate-warmup: its requests' drafter history (apart from the timed arms')
 SCHEDULED = ("dedicated", WAVE_FIRST)        # deployments whose hints reach vLLM as a schedule in the request
-# Target forwards a hint-accepted token saves inside vLLM (the wave gate's ``marginal``; our engine's prior is 0.1):
-# a vLLM step verifies one chain, so a hint that carries the values the FSM and prompt lookup cannot draft saves
-# more there. Calibrated on eval/reports/vllm-dedicated/matrix (warm cells): banks released at 0.4-1.3 s saved
-# 0.013-0.10 target forwards per call token (1.07-5.40 per request); 0.2 accepted x 0.35 = 0.07 per call token.
-VLLM_CHAIN_MARGINAL = 0.35
+# Target forwards saved per accepted token that only the hints had proposed (the proposer's
+# ``vllm:ooospec_hint_only_accepted_tokens``; the wave-first gate's ``marginal``, its accept rate being those tokens per
+# call token). Fitted on eval/reports/vllm-wave-first/hint-only/ (every wave sent, hints from the first step, forwards
+# against the paired toolspec arm, 120 requests, both Qwen targets, 4 warm cells): 620 forwards saved for 1516 such
+# tokens = 0.41 (0.46-0.48 on bfcl-simple-python, 0.28-0.31 on apibank-l1). The first version priced every
+# hint-covered accepted token at 0.35 (most of those the schema FSM proposed as well).
+VLLM_CHAIN_MARGINAL = 0.41
 # The wave-first gate's prior counts as one request of evidence (the shared gate's: 4): a wave the target waits for
 # costs its whole latency, so one wave measured slower than the prior says should stop the next one.
 WAVE_FIRST_PRIOR_WEIGHT = 1.0
@@ -164,8 +168,11 @@ class WaveFirst(AloneWaves):
     name = "ooospec-wave-first"
 
     def __init__(self, url: str, tokenizer, fmt, **kwargs):
+        from ooospec.runtime.sidecar.gate import StepFit
+
         super().__init__(url, tokenizer, fmt, **kwargs)
         self.target_measured = False    # a gate decides only once one request has priced the target here
+        self.steps = StepFit()          # the target's seconds per step, over its requests' target parts
 
     @classmethod
     def for_run(cls, args) -> WaveFirst:
@@ -184,6 +191,10 @@ class WaveFirst(AloneWaves):
     def run(self, record: dict, arrival: float) -> tuple[list, dict]:
         """The request's wave, waited for: its schedule (the last bank's calls at 0 s; [] when the gate skipped the
         wave or it failed) and ``{"wave_s", "banks", "decision"}``."""
+        if self.client.gate is not None:
+            from ooospec.runtime.sidecar.gate import tools_key
+
+            self._key = tools_key(record["tools"])
         if self.client.gate is not None and not self.target_measured:
             self._decision = self._stats = None     # nothing to weigh a wave against yet: run the target alone
             return [], {"wave_s": round(time.perf_counter() - arrival, 4), "banks": [],
@@ -197,27 +208,37 @@ class WaveFirst(AloneWaves):
         return schedule, {"wave_s": round(wave_s, 4), "banks": [round(t, 4) for t, _ in guess.schedule],
                           "decision": self._decision.to_dict() if self._decision is not None else None}
 
-    def observe(self, target_s: float, new_tokens: int, forwards: int) -> None:
-        """The request is over: teach the gate (if any) what it saw -- the target's tokens and seconds per verify
-        step (vLLM reports no per-step times, so each step counts at the request's mean) and, for a wave it sent,
-        the server's timings and the client-seen latency (what a wave costs here, beyond ``/health``'s
-        calibration). vLLM reports no hint tokens per request: the accept rate stays the prior's."""
+    def observe(self, target_s: float, new_tokens: int, forwards: int, hint_only: int | None = None) -> None:
+        """The request is over: teach the gate (if any) what it saw -- the target's tokens, forwards and seconds per
+        verify step (vLLM reports no per-step times: the slope of the target's seconds over its forwards across the
+        requests so far, :class:`~ooospec.runtime.sidecar.gate.StepFit`, the request's mean until there is one)
+        and, for a wave it sent, the server's timings and the client-seen latency (what a wave costs here, beyond
+        ``/health``'s calibration). ``hint_only``: the accepted tokens only the wave's hints had proposed (the
+        proposer's :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`, read around the request), what the gate's
+        accept rate learns; None where they cannot be read, and the gate infers the hints' worth from the forwards
+        the target took against those of the requests it sent no wave
+        (:func:`~ooospec.runtime.sidecar.gate.inferred_accepted`; biased where the requests that get a wave differ
+        from the others, as on ``apibank-l1``)."""
         from ooospec.runtime.sidecar.outcome import WaveOutcome
 
+        gate = self.client.gate
+        if gate is None:
+            return
         steps = max(int(forwards), 1)
-        if self.client.gate is not None and not self.target_measured:
-            self.target_measured = self.client.gate.calibrate_target(float(target_s) / steps, int(new_tokens))
-            return
         decision = getattr(self, "_decision", None)
-        if self.client.gate is None or decision is None:
-            return
         stats = getattr(self, "_stats", None)
-        sent = decision.kind != "skip" and stats is not None
-        self.client.gate.observe(WaveOutcome(
-            key=decision.key, kind=decision.kind, call_tokens=int(new_tokens), tokens_after_ready=0,
-            accepted_hint_tokens=0, target_prefill_s=0.0, target_decode_s=float(target_s),
-            idle_step_s=(float(target_s) / steps,) * steps, server=dict(stats.server) if sent else {},
-            wave_s=stats.wave_s if sent else None, num_queries=stats.n_queries if sent else 0))
+        sent = decision is not None and decision.kind != "skip" and stats is not None
+        self.steps.add(steps, float(target_s))                       # the target's part: a forward is a forward
+        step_s = self.steps.step_s() or float(target_s) / steps     # the slope over the requests so far
+        if not self.target_measured:
+            self.target_measured = gate.calibrate_target(step_s, int(new_tokens))
+        gate.observe(WaveOutcome(
+            key=decision.key if decision is not None else self._key, kind=decision.kind if sent else "skip",
+            call_tokens=int(new_tokens), tokens_after_ready=int(new_tokens) if sent and hint_only is not None else 0,
+            accepted_hint_tokens=int(hint_only or 0) if sent else 0, target_prefill_s=0.0,
+            target_decode_s=float(target_s), idle_step_s=(step_s,) * steps,
+            server=dict(stats.server) if sent else {}, wave_s=stats.wave_s if sent else None,
+            num_queries=stats.n_queries if sent else 0, target_forwards=int(forwards)))
 
 
 def wave_first_gate(args):
@@ -254,8 +275,8 @@ def dedicated_schedules(url: str, records: list[dict], tokenizer, fmt, *, wave: 
 
 
 def counters(llm) -> dict[str, float]:
-    """vLLM's spec-decode counters now (zeros for plain decoding)."""
-    out = dict.fromkeys(COUNTERS, 0.0)
+    """vLLM's spec-decode counters and the proposer's hint counters now (zeros for plain decoding)."""
+    out = dict.fromkeys(COUNTERS + HINT_COUNTERS, 0.0)
     for metric in llm.get_metrics():
         if metric.name in out:
             out[metric.name] += float(getattr(metric, "value", 0.0) or 0.0)
@@ -334,6 +355,39 @@ def toolspec_arm(llm, params: dict, record: dict, ids: Sequence[int], block: int
             "accepted": int(after[COUNTERS[2]] - before[COUNTERS[2]])}
 
 
+def warm_gate(llm, wave_first: WaveFirst, method: str, params: dict, warmup: dict) -> None:
+    """``--gate-warmup``: each of ``warmup``'s requests (``{"records", "prompts", "blocks"}``: requests that are not
+    timed) run as a timed one would (the same cache state, the wave if the gate sends it, then the target) and teach
+    the gate; nothing is recorded. A deployed gate has seen earlier traffic on its machine; these are that traffic.
+    The target's drafters learn from them in a history of their own (:data:`WARMUP_HISTORY`): the timed arms (this
+    method's and ``--paired``'s toolspec) start from the same drafter state, else the method would retrieve from 20
+    more calls than its pair (measured before: 17% more draft tokens, 7% slower at equal forwards)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    blocks = warmup.get("blocks")
+    for i, (record, ids) in enumerate(zip(warmup["records"], warmup["prompts"])):
+        warm_block(llm, ids, blocks[i] if blocks else None)
+        wave_first.prepare(record)
+        before = counters(llm)
+        t = time.perf_counter()
+        schedule, wave = wave_first.run(record, t)
+        sp = SamplingParams(**params, extra_args={**request_xargs(method, record, None, schedule),
+                                                  "ooospec_history": WARMUP_HISTORY})
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(ids))], sp, use_tqdm=False)[0].outputs[0]
+        wall = time.perf_counter() - t
+        after = counters(llm)
+        accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
+        tokens = len(out.token_ids)
+        wave_first.observe(wall - wave["wave_s"], tokens, max(tokens - accepted, 1),
+                           hint_only=int(after[HINT_COUNTERS[1]] - before[HINT_COUNTERS[1]]))
+        decision = (wave["decision"] or {}).get("decision", "-")
+        print(f"[vllm-bench] gate warm-up {record['id']}: {decision}, {wall:.2f}s", file=sys.stderr)
+    gate = wave_first.client.gate
+    print(f"[vllm-bench] gate after {len(warmup['records'])} warm-up requests: {gate.summary()['decisions']}, "
+          f"accept {gate.estimates().accept_rate}", file=sys.stderr)
+
+
 def run_method(args, method: str, records: list[dict], prompts: list[list[int]], params,
                reference: dict[str, dict]) -> list[dict]:
     """Build the method's engine, warm it up, time every request; rows in record order."""
@@ -352,10 +406,15 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
         if get_method(method).deployment == WAVE_FIRST:
             wave_first = WaveFirst.for_run(args)
             schedules[records[0]["id"]] = []          # the warm-up request: no wave
-        warm = SamplingParams(**{**params, "max_tokens": 16},
-                              extra_args=request_xargs(method, records[0], reference.get(records[0]["id"], {})
-                                                       .get("text"), schedules.get(records[0]["id"])) or None)
+        warm_xargs = request_xargs(method, records[0], reference.get(records[0]["id"], {}).get("text"),
+                                   schedules.get(records[0]["id"])) or None
+        if wave_first is not None and warm_xargs is not None:    # its history stays the paired arm's alike
+            warm_xargs = {**warm_xargs, "ooospec_history": WARMUP_HISTORY}
+        warm = SamplingParams(**{**params, "max_tokens": 16}, extra_args=warm_xargs)
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
+        if wave_first is not None and (getattr(args, "warmup", None) or {}).get("records") \
+                and wave_first.client.gate is not None:
+            warm_gate(llm, wave_first, method, params, args.warmup)
         sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
         blocks = getattr(args, "blocks", None)
         paired = wave_first is not None and bool(getattr(args, "paired", False))
@@ -387,9 +446,14 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
             tokens = list(out.token_ids)
             accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
             extra = {"released_s": [t for t, _ in schedules[record["id"]]]} if record["id"] in schedules else {}
+            hints = {"hint_accepted": int(after[HINT_COUNTERS[0]] - before[HINT_COUNTERS[0]]),
+                     "hint_only_accepted": int(after[HINT_COUNTERS[1]] - before[HINT_COUNTERS[1]])}
+            if get_method(method).takes_hints:
+                extra.update(hints)
             if wave is not None:
                 extra["wave"] = wave
-                wave_first.observe(wall - wave["wave_s"], len(tokens), max(len(tokens) - accepted, 1))
+                wave_first.observe(wall - wave["wave_s"], len(tokens), max(len(tokens) - accepted, 1),
+                                   hint_only=hints["hint_only_accepted"])
             if paired:
                 first = "toolspec" if pair is not None else method
                 pair = pair or toolspec_arm(llm, params, record, ids, block)

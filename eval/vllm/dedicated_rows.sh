@@ -7,10 +7,11 @@
 # `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
 # METHODS may add `ooospec-wave-first` (REAL on the same cores: each request's wave first, inside its time, then the
 # target with its hints; GATE other than off gates its waves at the client) and ADD="--add --paired" times each of its
-# requests as `toolspec` on the same engine too (eval/reports/vllm-wave-first/).
+# requests as `toolspec` on the same engine too (eval/reports/vllm-wave-first/); WARMUP=N lets its gate learn from N
+# untimed requests first (the N after the LIMIT timed ones).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
-#   bash eval/vllm/dedicated_rows.sh            # TARGETS / BENCHES / LIMIT / WAVE / GATE / ADAPTER / OUT / METHODS / ENGINE / CACHE
+#   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -32,6 +33,9 @@ case "$CACHE" in
 esac
 SIDECAR_VENV=.venv
 [ "$ENGINE" = vllm ] && SIDECAR_VENV=.venv-vllm
+WARMUP=${WARMUP:-0}
+WARMUP_FLAG=
+[ "$WARMUP" != 0 ] && WARMUP_FLAG="--gate-warmup $WARMUP"
 ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
 mkdir -p "$OUT"
 if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
@@ -45,7 +49,7 @@ curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do
     .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" $CACHE_FLAG \
-      --methods "$METHODS" $ADD --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" \
+      --methods "$METHODS" $ADD --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" $WARMUP_FLAG \
       --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_${CACHE}.json"
   done
 done

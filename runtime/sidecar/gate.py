@@ -20,10 +20,15 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
     target_waits (wave-first: the target starts once the bank is ready): before(o) = 0, cost(o) = latency(o) + client_s
 
 ``accept_rate(o)``: hint tokens accepted per call token generated after the bank was ready (HintDrafter stats),
-per option kind, per tool set shrunk toward the across-tool-sets estimate; ``call_tokens``: the expected call
-length for this tool set; ``step_s``: the target's seconds per decode step on this machine (``T(1)`` of its
-:class:`~ooospec.runtime.backends.cost_model.ForwardCost` when given, else measured steps); ``marginal``: target
-forwards a hint-accepted token saves (most tokens a hint proposes, the schema FSM and prompt lookup propose as well);
+per option kind, per tool set shrunk toward the across-tool-sets estimate; in vLLM the accepted tokens only the
+hints had proposed (the proposer's counters, :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`), and where no
+hint count can be read, inferred from the target's forwards (:func:`inferred_accepted`: against the forwards per
+call token of the requests that had no wave, same tool set when seen, divided by ``marginal``; biased where the
+requests that get a wave differ from the rest);
+``call_tokens``: the expected call length for this tool set; ``step_s``: the target's seconds per decode step on
+this machine (``T(1)`` of its :class:`~ooospec.runtime.backends.cost_model.ForwardCost` when given, else measured
+steps); ``marginal``: target forwards a hint-accepted token saves (most tokens a hint proposes, the schema FSM and
+prompt lookup propose as well);
 ``interference``: target seconds lost per second of sidecar compute (0 when the sidecar has its own cores or
 accelerator, ~1 when it shares them). In an agent loop the joined call of a ``slots`` wave also starts a
 side-effect-free tool early (:class:`~ooospec.runtime.agent.tools.SpeculativeTools`): on a hit the tool runs while the
@@ -173,6 +178,24 @@ def expected_tool_saving_s(option: Option, est: Estimates, latency: float) -> fl
     return est.hit_rate * min(est.tool_s, max(0.0, call_end - latency))
 
 
+def inferred_accepted(call_tokens: float, forwards: float, baseline_forwards_per_token: float,
+                      marginal: float) -> float:
+    """Hint tokens a request's wave is worth, inferred where the engine reports only the target's forwards (vLLM):
+    the forwards saved against the no-wave baseline (``baseline_forwards_per_token * call_tokens - forwards``), in
+    accepted-hint-token units (divided by ``marginal``, the forwards one accepted hint token saves), so that
+    ``accept_rate * marginal`` is the forwards saved per call token either way. Negative when the request took more
+    forwards than the baseline: one request is noisy and the running mean must not be biased upward, so it is kept.
+
+    >>> inferred_accepted(50, 10, 0.3, 0.35)       # 15 forwards expected, 10 taken: 5 saved = 14.3 hint tokens
+    14.285714285714286
+    >>> inferred_accepted(50, 16, 0.3, 0.5)
+    -2.0
+    """
+    if marginal <= 0:
+        raise ValueError(f"marginal must be > 0, got {marginal}")
+    return (baseline_forwards_per_token * call_tokens - forwards) / marginal
+
+
 def expected_cost_s(option: Option, est: Estimates) -> float:
     """Target seconds the option costs: the slowdown its compute inflicts, plus the target's own sidecar work."""
     if option.kind == "skip":
@@ -263,6 +286,44 @@ def tools_key(tools: Sequence[Any]) -> str:
     """A short id of a tool set (its sorted tool names): the stats are kept per target (one gate) and tool set."""
     names = sorted(str(schemas.tool_name(t)) for t in tools)
     return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:12]
+
+
+class StepFit:
+    """A target's seconds per decode step from whole requests (a client in front of vLLM sees no step times): the
+    least-squares slope of request seconds over forwards, so the fixed part of a request (its prefill, the engine's
+    per-request work) is not spread over its steps as the mean ``seconds / forwards`` would (that overprices a step
+    by 15-55% on the vLLM rows here, and with it the hints' saving). The mean until ``min_points`` requests with
+    different forwards give a slope, and wherever the slope is not in ``(0, mean]``.
+
+    >>> fit = StepFit()
+    >>> for forwards in (4, 8, 12, 16):
+    ...     fit.add(forwards, 0.3 + 0.05 * forwards)     # 0.3 s of prefill, 50 ms a step
+    >>> round(fit.step_s(), 4), round(fit.mean_step_s(), 4)
+    (0.05, 0.08)
+    """
+
+    def __init__(self, min_points: int = 4):
+        self.min_points = min_points
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, forwards: float, seconds: float) -> None:
+        self.n += 1
+        self.sx += forwards
+        self.sy += seconds
+        self.sxx += forwards * forwards
+        self.sxy += forwards * seconds
+
+    def mean_step_s(self) -> float | None:
+        return self.sy / self.sx if self.sx > 0 else None
+
+    def step_s(self) -> float | None:
+        """The slope when it is defined and plausible, else the mean (None before any request)."""
+        mean = self.mean_step_s()
+        var = self.n * self.sxx - self.sx * self.sx
+        if mean is None or self.n < self.min_points or var <= 1e-9:
+            return mean
+        slope = (self.n * self.sxy - self.sx * self.sy) / var
+        return slope if 0 < slope <= mean else mean
 
 
 # ------------------------------------------------------------------------------------------ the online gate
@@ -376,7 +437,8 @@ class WaveGate:
             cell = self._key.get((key, name))
             return glob if cell is None else cell.value(glob, weight)
 
-        accept = {k: per_key(f"accept_{k}", g(f"accept_{k}", p.accept_rate[k], w * p.call_tokens), w * p.call_tokens)
+        accept = {k: max(0.0, per_key(f"accept_{k}", g(f"accept_{k}", p.accept_rate[k], w * p.call_tokens),
+                                      w * p.call_tokens))
                   for k in ("index", "slots")}
         forwards = {k: g(f"forwards_{k}", p.forwards[k]) for k in ("index", "slots")}
         # the decode fit keeps the prior's split between the fixed and per-query part; evidence scales both
@@ -453,6 +515,8 @@ class WaveGate:
                 add("target_token_s", o.target_decode_s, o.call_tokens, pc)
             if o.kind == "skip" or o.wave_s is None:     # the prefill ran with no wave in flight
                 add_key("target_prefill", o.target_prefill_s, 1)
+                if o.target_forwards and o.call_tokens:    # the no-wave baseline the hints are measured against
+                    add_key("forwards_per_token", o.target_forwards, o.call_tokens, pc)
             if o.idle_step_s:
                 add("step_s", sum(o.idle_step_s), len(o.idle_step_s), 10)
             for fn, p, found in o.verbatim:
@@ -462,6 +526,11 @@ class WaveGate:
             add("client_s", o.client_s, 1)
             if o.tokens_after_ready:
                 add_key(f"accept_{o.kind}", o.accepted_hint_tokens, o.tokens_after_ready, pc)
+            elif o.target_forwards is not None and o.call_tokens and o.wave_s is not None:
+                base = self._baseline_forwards_per_token(o.key)
+                if base is not None:     # no hint stats (vLLM): the forwards saved against the no-wave requests
+                    add_key(f"accept_{o.kind}", inferred_accepted(o.call_tokens, o.target_forwards, base,
+                                                                  self.prior.marginal), o.call_tokens, pc)
             sv = o.server
             if sv.get("n_forwards"):
                 add(f"forwards_{o.kind}", sv["n_forwards"], 1)
@@ -480,6 +549,17 @@ class WaveGate:
             if o.interference is not None:
                 lost, overlapped = o.interference
                 add("interference", max(0.0, lost), overlapped, 0.5)
+
+    def _baseline_forwards_per_token(self, key: str) -> float | None:
+        """The target's forwards per call token with no wave: this tool set's requests shrunk toward all requests'
+        (one request's worth of weight), or None before any no-wave request reported its forwards. Caller holds
+        the lock."""
+        glob = self._m.get("forwards_per_token")
+        if glob is None or glob.den <= 0:
+            return None
+        rate = glob.num / glob.den
+        cell = self._key.get((key, "forwards_per_token"))
+        return rate if cell is None else cell.value(rate, self.prior.call_tokens)
 
     def prefill_pays(self, block: str, tools: Sequence[Any]) -> bool:
         """Whether to prefill ``block`` in an agent's idle window (while a tool runs): only when the latest decision

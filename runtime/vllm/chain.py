@@ -131,6 +131,31 @@ def label_outcomes(chain: Sequence[int], proposals: Sequence[Proposal], n_accept
     return out
 
 
+def only_accepted(chain: Sequence[int], proposals: Sequence[Proposal], n_accepted: int, label: str) -> int:
+    """Accepted chain tokens that only drafter ``label`` had proposed: how far its proposals carried the accepted
+    prefix beyond every other drafter's (``min(n, its prefix) - min(n, the best other prefix)``, at least 0). What
+    the step would not have accepted without that drafter: a hint token the schema FSM or retrieval also proposed is
+    worth nothing extra, one only the hints had saves the target work.
+
+    Chain ``(7, 3, 5)`` with 3 accepted, proposals ``hints (7, 3, 5)``, ``fsm (7,)``: 2 (tokens 3 and 5); with 1
+    accepted: 0.
+
+    >>> hints, fsm = Proposal("hints/sidecar", 0, (7, 3, 5)), Proposal("schema_fsm", 0, (7,))
+    >>> only_accepted((7, 3, 5), [hints, fsm], 3, "hints"), only_accepted((7, 3, 5), [hints, fsm], 1, "hints")
+    (2, 0)
+
+    ``label`` matches a drafter's name and its ``name/kind`` labels.
+    """
+    own = other = 0
+    for p in proposals:
+        on_chain = common_prefix_len(p.tokens, chain)
+        if p.drafter == label or p.drafter.startswith(label + "/"):
+            own = max(own, on_chain)
+        else:
+            other = max(other, on_chain)
+    return max(0, min(n_accepted, own) - min(n_accepted, other))
+
+
 def record_chain(stats: AcceptanceStats, chain: Sequence[int], proposals: Sequence[Proposal], n_accepted: int) -> None:
     """Count one verified chain in ``stats`` (what :meth:`AcceptanceStats.record_step` does for a tree)."""
     for p, trials, accepted in chain_outcomes(chain, proposals, n_accepted):

@@ -38,7 +38,13 @@ Whatever is proposed, vLLM's greedy verification commits the target's own tokens
 
 Observability: :meth:`ChainProposer.metrics` (totals, per drafter label the chain tokens it proposed and vLLM
 accepted, the chain lengths since the last log, faults), logged at INFO every ``log_interval_s`` seconds of
-serving (:class:`ProposerConfig`; the plugin routes ``ooospec`` logs to vLLM's handlers).
+serving (:class:`ProposerConfig`; the plugin routes ``ooospec`` logs to vLLM's handlers). Two counters join vLLM's
+Prometheus metrics (:data:`HINT_COUNTERS`; ``LLM.get_metrics()`` in the engine's process, as a client at batch 1
+reads the spec-decode counters around a request): the accepted tokens a hint proposal covered, and those only the
+hints had proposed (:func:`~ooospec.runtime.vllm.chain.only_accepted`), i.e. what the sidecar's hints were worth to
+the request -- what a client-side wave gate learns from, since vLLM's own counters do not tell drafters apart. (An
+OpenAI server's ``/metrics`` shows them only where the engine core shares the server's process or Prometheus
+multiprocess mode is set up.)
 """
 
 from __future__ import annotations
@@ -56,12 +62,42 @@ from ooospec.runtime.drafters.base import DraftContext, Faults, observe_all
 from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
 from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.vllm import xargs
-from ooospec.runtime.vllm.chain import ChainCost, accepted_of, choose_chain, label_outcomes, record_chain
+from ooospec.runtime.vllm.chain import (
+    ChainCost,
+    accepted_of,
+    choose_chain,
+    label_outcomes,
+    only_accepted,
+    record_chain,
+)
 from ooospec.runtime.vllm.step_cost import StepClock, StepCost
 
 logger = logging.getLogger(__name__)
 
 MAX_HISTORIES = 64          # drafter histories kept (least recently used dropped)
+HINTS_LABEL = "hints"       # the hint drafter's label (HintDrafter.name)
+# Prometheus counters (vLLM's registry; names as ``LLM.get_metrics()`` reports them): accepted tokens a hint proposal
+# covered, and those only the hints had proposed
+HINT_COUNTERS = ("vllm:ooospec_hint_accepted_tokens", "vllm:ooospec_hint_only_accepted_tokens")
+_exported: dict[str, object] = {}
+
+
+def export_count(name: str, value: int) -> None:
+    """Add ``value`` to Prometheus counter ``name`` (created once per process); nothing where prometheus_client is
+    not installed (our engine's venv) or the name is taken by another collector."""
+    if value <= 0:
+        return
+    counter = _exported.get(name)
+    if counter is None:
+        try:
+            from prometheus_client import Counter as PromCounter
+
+            counter = PromCounter(name, "ooo-spec: " + name.split(":", 1)[-1].replace("_", " "))
+        except (ImportError, ValueError):
+            counter = False
+        _exported[name] = counter
+    if counter:
+        counter.inc(value)
 # the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
 # ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
 VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
@@ -216,7 +252,8 @@ class ChainProposer:
                 self.sidecar.gate = WaveGate(get_deployment(self.config.sidecar_gate).prior)
         self.requests: OrderedDict[str, RequestState] = OrderedDict()
         self.faults = Faults(lambda message: logger.warning("ooospec %s", message))   # name -> count
-        self.totals = {"requests": 0, "off": 0, "steps": 0, "drafted": 0, "accepted": 0}
+        self.totals = {"requests": 0, "off": 0, "steps": 0, "drafted": 0, "accepted": 0, "hint_accepted": 0,
+                       "hint_only_accepted": 0}
         self.by_label: dict[str, list[int]] = {}     # drafter label -> [chain tokens proposed, accepted by vLLM]
         self.window = ChainWindow()
         self.clock = clock
@@ -338,10 +375,19 @@ class ChainProposer:
     def _learn(self, state: RequestState, n: int) -> None:
         """vLLM accepted ``n`` drafts of the request's last chain: the estimates and the counters learn it."""
         record_chain(state.history.acceptance, state.chain, state.proposals, n)
+        hint = 0
         for label, (proposed, accepted) in label_outcomes(state.chain, state.proposals, n).items():
             counts = self.by_label.setdefault(label, [0, 0])
             counts[0] += proposed
             counts[1] += accepted
+            if label == HINTS_LABEL or label.startswith(HINTS_LABEL + "/"):
+                hint = max(hint, accepted)
+        if hint:
+            only = only_accepted(state.chain, state.proposals, n, HINTS_LABEL)
+            self.totals["hint_accepted"] += hint
+            self.totals["hint_only_accepted"] += only
+            export_count(HINT_COUNTERS[0], hint)
+            export_count(HINT_COUNTERS[1], only)
         state.accepted += n
         self.totals["accepted"] += n
         self.window.accepted += n

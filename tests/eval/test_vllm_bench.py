@@ -376,13 +376,104 @@ def test_wave_first_prices_the_target_with_its_first_request_then_gates_and_lear
         wf.observe(target_s=10.0, new_tokens=40, forwards=10)          # 1 s a step, against the prior's 0.19 s
         assert wf.target_measured and gate.prior.step_s == 1.0 and gate.prior.call_tokens == 40
         schedule, info = wf.run(record, time.perf_counter())          # a slow target: the wave pays
-    assert info["decision"]["decision"] != "skip" and schedule and len(server.received) == 1
-    before = gate.estimates(tools_key(TOOLS))
-    wf.observe(target_s=1.0, new_tokens=20, forwards=10)               # then a faster request
-    after = gate.estimates(tools_key(TOOLS))
-    assert after.step_s < before.step_s and after.call_tokens < before.call_tokens
-    assert after.accept_rate == before.accept_rate                  # no hint stats from vLLM: the prior stands
+        assert info["decision"]["decision"] != "skip" and schedule and len(server.received) == 1
+        before = gate.estimates(tools_key(TOOLS))
+        kind = info["decision"]["decision"]
+        wf.observe(target_s=3.0, new_tokens=20, forwards=6)  # faster, but 6 forwards where no wave took 0.25 a token
+        after = gate.estimates(tools_key(TOOLS))
+        assert after.step_s < before.step_s and after.call_tokens < before.call_tokens
+        # vLLM reports no hint stats: the hints' worth is inferred from the forwards, against the first request's
+        assert 0 < after.accept_rate[kind] < before.accept_rate[kind]
+        schedule, info = wf.run(record, time.perf_counter())  # a wave still pays, a smaller one maybe
+        kind = info["decision"]["decision"]
+        assert kind != "skip" and schedule
+        lower = gate.estimates(tools_key(TOOLS)).accept_rate[kind]
+        wf.observe(target_s=1.0, new_tokens=40, forwards=2)  # 8 forwards saved of the 10 expected
+        assert gate.estimates(tools_key(TOOLS)).accept_rate[kind] > lower
     assert not gate.calibrate_target(0.0, 10) and not gate.calibrate_target(1.0, 0)
+
+
+def test_wave_first_learns_the_accept_rate_from_the_hint_tokens_only_its_hints_proposed():
+    """Where the proposer's hint counters are read, a sent wave's accept rate is the accepted tokens only its hints
+    had proposed per call token (no inference from forwards): hints that add nothing make a wave worth less and less."""
+    import time
+
+    from ooospec.runtime.sidecar.gate import tools_key
+    from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
+
+    record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
+    key = tools_key(TOOLS)
+    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    with StandIn("by_query") as server:
+        wf = _wave_first(server.url, warm_tools=True, gate=gate)
+        wf.run(record, time.perf_counter())
+        wf.observe(target_s=10.0, new_tokens=40, forwards=10)          # prices the target: 1 s a step
+        _, info = wf.run(record, time.perf_counter())
+        kind = info["decision"]["decision"]
+        assert kind == "slots"
+        prior = gate.estimates(key).accept_rate[kind]
+        wf.observe(target_s=4.0, new_tokens=40, forwards=10, hint_only=36)   # forwards alike, yet the hints carried
+        high = gate.estimates(key).accept_rate[kind]                         # 36 tokens: counted, not inferred
+        assert high > prior
+        savings = []
+        for _ in range(10):
+            _, info = wf.run(record, time.perf_counter())
+            savings.append(info["decision"]["options"]["slots"][0])
+            assert info["decision"]["decision"] == "slots"
+            wf.observe(target_s=1.0, new_tokens=40, forwards=10, hint_only=0)   # hints the FSM had anyway
+    assert gate.estimates(key).accept_rate[kind] < min(prior, high / 5)
+    assert savings == sorted(savings, reverse=True) and savings[-1] < savings[0] / 5   # what a wave is worth falls
+
+
+def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(monkeypatch, fake_vllm):
+    """``--gate-warmup``: the warm-up requests run wave and target on the engine and teach the gate, before and
+    outside the timed rows; only with a gated wave-first method, and only requests after the timed ones."""
+    import types
+
+    seen = []
+
+    class FakeWaveFirst:
+        client = types.SimpleNamespace(gate=vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared")))
+
+        def prepare(self, record):
+            seen.append(("prepare", record["id"]))
+
+        def run(self, record, arrival):
+            seen.append(("wave", record["id"]))
+            return [], {"wave_s": 0.0, "banks": [], "decision": {"decision": "skip"}}
+
+        def observe(self, target_s, new_tokens, forwards, hint_only=None):
+            seen.append(("observe", new_tokens, forwards, hint_only))
+
+    monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
+    records = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(2)]
+    warmup = [{"id": f"w{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(3)]
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url="http://x", warm_tools=True, blocks=[4, 4],
+                              paired=False, classify=False,
+                              warmup={"records": warmup, "prompts": [[1] * 9] * 3, "blocks": [3, 3, 3]})
+    _FakeLLM.instances.clear()
+    rows = vllm_runs.run_method(args, "ooospec-wave-first", records, [[1] * 10, [1] * 11], {"max_tokens": 8}, {})
+    assert [r["record_id"] for r in rows] == ["r0", "r1"]
+    assert [e[1] for e in seen if e[0] == "wave"] == ["w0", "w1", "w2", "r0", "r1"]      # the warm-up first
+    assert seen.count(("observe", 3, 3, 0)) == 5             # every request, warm-up included, teaches the gate
+    log = _FakeLLM.instances[0].log
+    assert [e["cached"] for e in log[1:4]] == [3, 3, 3]                                 # each from its toolbox
+    # the warm-up's calls teach a drafter history of their own, not the timed requests'
+    assert [e["xargs"].get("ooospec_history") for e in log[1:]] == [vllm_runs.WARMUP_HISTORY] * 3 + [None] * 2
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--gate-warmup", "5"], "needs that method"),
+    (["--gate-warmup", "5", "--methods", "ooospec-wave-first"], "needs that method"),
+    (["--gate-warmup", "-1", "--methods", "ooospec-wave-first", "--sidecar-gate", "shared"], "N >= 0"),
+])
+def test_gate_warmup_needs_a_gated_wave_first(argv, why, tmp_path):
+    p = argparse.ArgumentParser()
+    vb.add_arguments(p)
+    args = p.parse_args(["--target", str(tmp_path), "--dataset", "x", "--out", str(tmp_path / "o.json"), *argv])
+    with pytest.raises(SystemExit, match=why):
+        vb.check_gate_warmup(args, vb.methods_to_run(args.methods))
 
 
 class _FakeLLM:
@@ -413,9 +504,10 @@ class _FakeLLM:
         return []
 
 
-def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(monkeypatch):
-    """``--paired``: request by request the wave-first arm and a toolspec arm (no schedule, a history of its own)
-    on one engine, the order alternating, each arm starting from only its toolbox block in the cache."""
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """vLLM's offline API as far as :func:`vllm_runs.run_method` uses it: :class:`_FakeLLM`, a ``SamplingParams``
+    that keeps its arguments, ``TokensPrompt``."""
     import sys
     import types
 
@@ -429,6 +521,12 @@ def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(mo
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    _FakeLLM.instances.clear()
+
+
+def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(monkeypatch, fake_vllm):
+    """``--paired``: request by request the wave-first arm and a toolspec arm (no schedule, a history of its own)
+    on one engine, the order alternating, each arm starting from only its toolbox block in the cache."""
 
     class FakeWaveFirst:
         seen: ClassVar[list] = []
@@ -440,7 +538,7 @@ def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(mo
             self.seen.append(("wave", record["id"]))
             return [[0.0, [{"name": "f", "arguments": {}}]]], {"wave_s": 0.001, "banks": [0.001], "decision": None}
 
-        def observe(self, *a):
+        def observe(self, *a, **kw):
             self.seen.append(("observe",))
 
     monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
@@ -465,3 +563,32 @@ def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(mo
     assert s["waves_sent"] == 3 and s["paired_same_tokens"] == 3 and "paired_vs_toolspec" in s
     notes = "".join(vllm_report.wave_notes({"ooospec-wave-first": s}))
     assert "waves sent 3/3" in notes and "paired with `toolspec`" in notes
+
+
+def test_hint_worth_counts_per_call_token_and_prices_a_hint_only_token_by_the_paired_forwards(tmp_path):
+    """Over the requests that got a wave: hint-covered and hint-only tokens per call token, and with ``--paired``
+    the forwards saved against the toolspec arm, per call token and per hint-only token; the folder report shows
+    them under its table, computed from the rows even for a file summarized before they existed."""
+    rows = [{"new_tokens": 40, "forwards": 6, "hint_accepted": 30, "hint_only_accepted": 10,
+             "paired": {"toolspec_accepted": 30}},                   # toolspec: 10 forwards -> 4 saved
+            {"new_tokens": 60, "forwards": 20, "hint_accepted": 10, "hint_only_accepted": 0,
+             "paired": {"toolspec_accepted": 40}}]                   # 20 forwards -> 0 saved
+    w = vb.hint_worth(rows)
+    assert w["hint_accepted_per_token"] == 0.4 and w["hint_only_per_token"] == 0.1
+    assert w["forwards_saved"] == 4 and w["forwards_saved_per_token"] == 0.04
+    assert w["forwards_saved_per_hint_only"] == 0.4
+    assert vb.hint_worth([{k: v for k, v in r.items() if k != "paired"} for r in rows]).keys() == {
+        "hint_accepted_per_token", "hint_only_per_token", "hint_only_accepted"}
+    assert vb.hint_worth([{"new_tokens": 5, "forwards": 5}]) == {}          # rows from before the counters
+    examples = [{**r, "method": "ooospec-wave-first", "wave": {"wave_s": 0.5, "banks": [0.5]}} for r in rows]
+    cell = {"target": "t", "dataset": "d", "order": ["vllm", "ooospec-wave-first"], "examples": examples,
+            "env": {"vllm": "0", "dtype": "bf16", "threads": 2, "k": 16, "ngram_k": 8, "warm_tools": True,
+                    "cpu": {"model": "cpu", "cores": 2, "flags": []}},
+            "methods": {"vllm": {"n": 2, "mean_s": 2.0, "speedup": 1.0, "mat": 1.0, "accepted_per_step": 0.0,
+                                 "exact_rate": 1.0, "near_ties": 0, "defects": 0},
+                        "ooospec-wave-first": {"n": 2, "mean_s": 1.0, "speedup": 2.0, "mat": 4.0,
+                                               "accepted_per_step": 3.0, "exact_rate": 1.0, "near_ties": 0,
+                                               "defects": 0, "waves_sent": 2, "wave_mean_s": 0.5}}}
+    (tmp_path / "t_d_warm.json").write_text(json.dumps(cell))
+    text = vllm_report.render(tmp_path)
+    assert "only the hints had 0.100" in text and "0.40 per hint-only token" in text

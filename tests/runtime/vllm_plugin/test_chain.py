@@ -437,6 +437,44 @@ def test_metrics_count_drafters_and_chains_and_are_logged_on_an_interval(caplog)
     assert proposer.metrics()["window"]["steps"] < proposer.metrics()["totals"]["steps"]   # a new window began
 
 
+def test_hint_tokens_only_the_hints_proposed_are_counted_and_exported(monkeypatch):
+    """The proposer counts the accepted tokens a hint proposal covered and those no other drafter had proposed
+    (what the wave was worth), and adds both to Prometheus counters a client reads around a request."""
+    import sys
+    import types
+
+    from ooospec.runtime.vllm import proposer as proposer_mod
+
+    exported: dict[str, float] = {}
+
+    class FakeCounter:
+        def __init__(self, name, doc):
+            self.name = name
+            exported[name] = 0.0
+
+        def inc(self, value):
+            exported[self.name] += value
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Counter=FakeCounter))
+    monkeypatch.setattr(proposer_mod, "_exported", {})
+    model, tok = trained_chat_model()
+    prompt = tok(tok.apply_chat_template(USER, tools=TOOLS, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    totals = {}
+    for hint in (None, "<tool_call>", CALL_TEXT):
+        proposer = ChainProposer(tok, vocab_size=len(tok), max_len=16, config=ProposerConfig(method="ooospec"))
+        extra = {"ooospec_tools": json.dumps(TOOLS)} | ({"ooospec_hint": hint} if hint else {})
+        chain_decode(model, prompt, 30, proposer, "a", extra)
+        totals[hint] = dict(proposer.totals)
+    assert totals[None]["hint_accepted"] == totals[None]["hint_only_accepted"] == 0
+    # the call's opening tag alone: the schema FSM proposes it as well, so the hints add nothing of their own
+    assert totals["<tool_call>"]["hint_only_accepted"] == 0
+    full = totals[CALL_TEXT]      # the whole call: its argument values are the hints' own
+    assert 0 < full["hint_only_accepted"] <= full["hint_accepted"] <= full["accepted"]
+    assert exported[proposer_mod.HINT_COUNTERS[1]] == sum(t["hint_only_accepted"] for t in totals.values())
+    assert exported[proposer_mod.HINT_COUNTERS[0]] == sum(t["hint_accepted"] for t in totals.values())
+
+
 def test_metrics_are_never_logged_with_interval_zero(caplog):
     model = tiny_model("llama")
     clock = _Clock()
