@@ -208,7 +208,8 @@ class WaveFirst(AloneWaves):
         return schedule, {"wave_s": round(wave_s, 4), "banks": [round(t, 4) for t, _ in guess.schedule],
                           "decision": self._decision.to_dict() if self._decision is not None else None}
 
-    def observe(self, target_s: float, new_tokens: int, forwards: int, hint_only: int | None = None) -> None:
+    def observe(self, target_s: float, new_tokens: int, forwards: int, hint_only: int | None = None,
+                text: str | None = None) -> None:
         """The request is over: teach the gate (if any) what it saw -- the target's tokens, forwards and seconds per
         verify step (vLLM reports no per-step times: the slope of the target's seconds over its forwards across the
         requests so far, :class:`~ooospec.runtime.sidecar.gate.StepFit`, the request's mean until there is one)
@@ -218,8 +219,9 @@ class WaveFirst(AloneWaves):
         accept rate learns; None where they cannot be read, and the gate infers the hints' worth from the forwards
         the target took against those of the requests it sent no wave
         (:func:`~ooospec.runtime.sidecar.gate.inferred_accepted`; biased where the requests that get a wave differ
-        from the others, as on ``apibank-l1``)."""
-        from ooospec.runtime.sidecar.outcome import WaveOutcome
+        from the others, as on ``apibank-l1``). ``text``: the target's output; its calls teach the gate each slot's
+        value length (what a wave decodes: the price of a slot query, ``gate.decide``'s ``value_chars``)."""
+        from ooospec.runtime.sidecar.outcome import WaveOutcome, value_chars
 
         gate = self.client.gate
         if gate is None:
@@ -232,13 +234,14 @@ class WaveFirst(AloneWaves):
         step_s = self.steps.step_s() or float(target_s) / steps     # the slope over the requests so far
         if not self.target_measured:
             self.target_measured = gate.calibrate_target(step_s, int(new_tokens))
+        calls = self.fmt.parse_calls(text) if text else []
         gate.observe(WaveOutcome(
             key=decision.key if decision is not None else self._key, kind=decision.kind if sent else "skip",
             call_tokens=int(new_tokens), tokens_after_ready=int(new_tokens) if sent and hint_only is not None else 0,
             accepted_hint_tokens=int(hint_only or 0) if sent else 0, target_prefill_s=0.0,
             target_decode_s=float(target_s), idle_step_s=(step_s,) * steps,
             server=dict(stats.server) if sent else {}, wave_s=stats.wave_s if sent else None,
-            num_queries=stats.n_queries if sent else 0, target_forwards=int(forwards)))
+            num_queries=stats.n_queries if sent else 0, target_forwards=int(forwards), values=value_chars(calls)))
 
 
 def wave_first_gate(args):
@@ -380,7 +383,7 @@ def warm_gate(llm, wave_first: WaveFirst, method: str, params: dict, warmup: dic
         accepted = int(after[COUNTERS[2]] - before[COUNTERS[2]])
         tokens = len(out.token_ids)
         wave_first.observe(wall - wave["wave_s"], tokens, max(tokens - accepted, 1),
-                           hint_only=int(after[HINT_COUNTERS[1]] - before[HINT_COUNTERS[1]]))
+                           hint_only=int(after[HINT_COUNTERS[1]] - before[HINT_COUNTERS[1]]), text=out.text)
         decision = (wave["decision"] or {}).get("decision", "-")
         print(f"[vllm-bench] gate warm-up {record['id']}: {decision}, {wall:.2f}s", file=sys.stderr)
     gate = wave_first.client.gate
@@ -453,7 +456,7 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
             if wave is not None:
                 extra["wave"] = wave
                 wave_first.observe(wall - wave["wave_s"], len(tokens), max(len(tokens) - accepted, 1),
-                                   hint_only=hints["hint_only_accepted"])
+                                   hint_only=hints["hint_only_accepted"], text=out.text)
             if paired:
                 first = "toolspec" if pair is not None else method
                 pair = pair or toolspec_arm(llm, params, record, ids, block)

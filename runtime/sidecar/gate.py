@@ -10,6 +10,7 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
     latency(o)  = latency_factor * compute(o)                       when the bank is ready, from arrival
     compute(o)  = prefill_per_token * (block + query tokens)        the sidecar's seconds for option o
                 + forwards(o) * (decode_forward + decode_per_query * num_queries)
+    forwards(slots) >= 2 + longest value / chars_per_token           where the target's values for its slots were seen
     before(o)   = max(0, latency(o) - target_prefill) / target_token_s      call tokens committed before ready
     saving(o)   = accept_rate(o) * max(0, call_tokens - before(o)) * marginal * step_s
                 + [o = slots] hit_rate * min(tool_s, max(0, call_end - latency(o)))        speculative tools
@@ -138,6 +139,7 @@ class Option:
     queries: tuple[sp.SlotQuery, ...]
     block_chars: int
     cached_chars: int = 0        # of the block, what the server's prefix cache is expected to hold
+    forwards: float | None = None   # its decode forwards when known better than ``est.forwards`` (long values)
 
 
 def wave_compute_s(option: Option, est: Estimates) -> float:
@@ -146,7 +148,8 @@ def wave_compute_s(option: Option, est: Estimates) -> float:
         return 0.0
     tokens = (option.block_chars - option.cached_chars + sum(len(q.text) for q in option.queries)) / est.chars_per_token
     forward = est.decode_forward + est.decode_per_query * len(option.queries)
-    return est.prefill_per_token * tokens + est.forwards[option.kind] * forward
+    forwards = est.forwards[option.kind] if option.forwards is None else option.forwards
+    return est.prefill_per_token * tokens + forwards * forward
 
 
 def expected_saving_s(option: Option, est: Estimates) -> float:
@@ -242,7 +245,8 @@ def verbatim_prior(schema: Any) -> float:
 
 def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
            verbatim: Mapping[tuple[str, str], tuple[float, float]] | None = None, key: str = "",
-           probe: bool = False, cached_chars: int = 0) -> WaveDecision:
+           probe: bool = False, cached_chars: int = 0,
+           value_chars: Mapping[tuple[str, str], float] | None = None) -> WaveDecision:
     """Weigh skip / index / slots for ``wave`` (the request's full wave) and pick the best net saving.
 
     Args:
@@ -255,6 +259,10 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
         probe: send anyway: the best option other than skip (its estimate is still what is logged).
         cached_chars: the block's leading characters whose KV the sidecar server is expected to hold (a toolbox an
             earlier wave or :meth:`WaveGate.remember` sent): they cost no prefill.
+        value_chars: ``(tool, parameter) -> mean characters of the values the target wrote there``: a wave decodes
+            until its longest answer ends, so the ``slots`` option costs at least ``2 + longest / chars_per_token``
+            forwards (the index, the value, its end) where its slots were seen (free-text values take 15-25
+            forwards where the prior, from short values, says 5).
     Returns:
         the decision; its ``wave`` is the subset to send (None for skip).
     """
@@ -268,8 +276,10 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
         p = (found + 2.0 * verbatim_prior(schemas_of.get((q.function, q.parameter)))) / (seen + 2.0)
         (dropped if p >= VERBATIM_THRESHOLD else kept).append(q)
     cached = min(cached_chars, len(wave.block))
+    longest = max(((value_chars or {}).get((q.function, q.parameter), 0.0) for q in kept), default=0.0)
+    forwards = max(est.forwards["slots"], 2.0 + longest / est.chars_per_token) if longest else None
     options = [Option("skip", (), 0), Option("index", index, len(wave.block), cached),
-               Option("slots", index + tuple(kept), len(wave.block), cached)]
+               Option("slots", index + tuple(kept), len(wave.block), cached, forwards)]
     if not kept:
         options.pop()            # slots would be the index wave again
     scored = {o.kind: (expected_saving_s(o, est), expected_cost_s(o, est)) for o in options}
@@ -372,6 +382,7 @@ class WaveGate:
         self._m: dict[str, _Mean] = {}                          # global ratios, by name
         self._key: dict[tuple[str, str], _Mean] = {}            # (tool set, name) ratios
         self._verbatim: dict[tuple[str, str], _Mean] = {}       # (tool, parameter) -> verbatim rate
+        self._values: dict[tuple[str, str], _Mean] = {}         # (tool, parameter) -> characters of its values
         self.num_requests = 0
         self.log: list[dict] = []                                # the last decisions (bounded)
         # the server's block KV cache as this client sees it: set True when the server keeps one (its /health);
@@ -479,11 +490,12 @@ class WaveGate:
         with self._lock:
             est = self._estimates(key)
             verbatim = {slot: (cell.num, cell.den) for slot, cell in self._verbatim.items()}
+            values = {slot: cell.num / cell.den for slot, cell in self._values.items() if cell.den > 0}
             self.num_requests += 1
             n = self.num_requests
-        decision = decide(wave, tools, est, verbatim, key, cached_chars=cached)
+        decision = decide(wave, tools, est, verbatim, key, cached_chars=cached, value_chars=values)
         if decision.kind == "skip" and self.probe_every and n % self.probe_every == 0:
-            decision = decide(wave, tools, est, verbatim, key, probe=True, cached_chars=cached)
+            decision = decide(wave, tools, est, verbatim, key, probe=True, cached_chars=cached, value_chars=values)
         if decision.wave is not None:
             self.remember(wave.block)
         record = decision.to_dict()
@@ -521,6 +533,8 @@ class WaveGate:
                 add("step_s", sum(o.idle_step_s), len(o.idle_step_s), 10)
             for fn, p, found in o.verbatim:
                 self._verbatim.setdefault((fn, p), _Mean()).add(float(found), 1.0, cap)
+            for fn, p, chars in o.values:
+                self._values.setdefault((fn, p), _Mean()).add(float(chars), 1.0, cap)
             if o.kind == "skip":
                 return
             add("client_s", o.client_s, 1)

@@ -39,6 +39,7 @@ class WaveOutcome:
     verbatim: tuple[tuple[str, str, bool], ...] = ()  # (tool, parameter, value in the request verbatim)
     target_forwards: int | None = None   # the target's decode forwards, where the engine reports no hint stats (vLLM):
     #                                      the gate infers the hints' worth from them (WaveGate.observe)
+    values: tuple[tuple[str, str, int], ...] = ()     # (tool, parameter, characters of the value the target wrote)
 
 
 def verbatim_slots(calls: Sequence[Mapping], messages: Sequence[Any]) -> tuple[tuple[str, str, bool], ...]:
@@ -48,15 +49,28 @@ def verbatim_slots(calls: Sequence[Mapping], messages: Sequence[Any]) -> tuple[t
     gives ``(("get_weather", "city", True),)``.
     """
     text = "\n".join(str(m.get("content") or "") for m in messages if isinstance(m, Mapping))
+    return tuple((fn, p, bool(value) and value in text) for fn, p, value in argument_texts(calls))
+
+
+def value_chars(calls: Sequence[Mapping]) -> tuple[tuple[str, str, int], ...]:
+    """For each argument of ``calls``: its value's length in characters, what a sidecar decodes to answer that slot
+    (the gate prices a slot query's decode forwards by it). ``{"city": "Paris"}`` of ``get_weather`` ->
+    ``(("get_weather", "city", 5),)``."""
+    return tuple((fn, p, len(value)) for fn, p, value in argument_texts(calls))
+
+
+def argument_texts(calls: Sequence[Mapping]) -> list[tuple[str, str, str]]:
+    """``(tool, parameter, the value's text)`` per argument of ``calls``: a string as is, any other value as compact
+    JSON, ``null`` as the empty text."""
     out = []
     for call in calls:
         args = call.get("arguments")
         if not isinstance(args, Mapping):
             continue
         for p, v in args.items():
-            needle = v if isinstance(v, str) else compact_json(v) if v is not None else ""
-            out.append((str(call.get("name")), str(p), bool(needle) and needle in text))
-    return tuple(out)
+            out.append((str(call.get("name")), str(p), v if isinstance(v, str) else compact_json(v) if v is not None
+                        else ""))
+    return out
 
 
 def interference_sample(segments: Sequence[tuple[float, float, float]], window: tuple[float, float],

@@ -425,6 +425,22 @@ def test_wave_first_learns_the_accept_rate_from_the_hint_tokens_only_its_hints_p
     assert savings == sorted(savings, reverse=True) and savings[-1] < savings[0] / 5   # what a wave is worth falls
 
 
+def test_wave_first_teaches_the_gate_the_value_lengths_of_the_calls_the_target_wrote():
+    """The target's output (parsed in its format) tells the gate how long each slot's values run, what a wave on
+    that toolbox will decode: a request with no wave teaches it as well."""
+    import time
+
+    from tests.runtime.sidecar_servers import MESSAGES, TOOLS
+
+    record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
+    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    wf = _wave_first("http://127.0.0.1:9", warm_tools=True, gate=gate)
+    wf.run(record, time.perf_counter())                                   # the first request: no wave
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, France"}}\n</tool_call>'
+    wf.observe(target_s=2.0, new_tokens=20, forwards=10, text=text)
+    assert {k: (c.num, c.den) for k, c in gate._values.items()} == {("get_weather", "city"): (13.0, 1.0)}
+
+
 def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(monkeypatch, fake_vllm):
     """``--gate-warmup``: the warm-up requests run wave and target on the engine and teach the gate, before and
     outside the timed rows; only with a gated wave-first method, and only requests after the timed ones."""
@@ -442,7 +458,7 @@ def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(mo
             seen.append(("wave", record["id"]))
             return [], {"wave_s": 0.0, "banks": [], "decision": {"decision": "skip"}}
 
-        def observe(self, target_s, new_tokens, forwards, hint_only=None):
+        def observe(self, target_s, new_tokens, forwards, hint_only=None, text=None):
             seen.append(("observe", new_tokens, forwards, hint_only))
 
     monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))

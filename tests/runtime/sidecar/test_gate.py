@@ -30,7 +30,13 @@ from ooospec.runtime.sidecar.gate import (
     tools_key,
     wave_compute_s,
 )
-from ooospec.runtime.sidecar.outcome import WaveOutcome, interference_sample, outcome_of, verbatim_slots
+from ooospec.runtime.sidecar.outcome import (
+    WaveOutcome,
+    interference_sample,
+    outcome_of,
+    value_chars,
+    verbatim_slots,
+)
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model
 from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
@@ -51,6 +57,29 @@ def test_shared_prior_skips_split_prior_sends():
     assert d.queries == ("index", "get_weather.city", "get_time.tz")              # the enum slot is dropped
     assert d.dropped == ("get_weather.unit",)
     assert d.wave.block == WAVE.block and d.wave.queries == tuple(WAVE.queries[i] for i in (0, 1, 3))
+
+
+def test_a_slot_whose_values_run_long_prices_the_wave_by_them():
+    """A wave decodes until its longest answer ends: where the target's calls wrote 120-character values for a
+    queried slot, the ``slots`` option costs ``2 + 120 / chars_per_token`` forwards, not the prior's 5, and the
+    gate that sent it now skips; values no longer than the prior's, or slots the wave does not ask, change nothing.
+    The gate learns the lengths from the calls in each request's outcome."""
+    from dataclasses import replace
+
+    est = replace(DEPLOYMENTS["wave-first"].prior, step_s=0.3, marginal=0.41)    # the target waits for the wave
+    sent = decide(WAVE, TOOLS, est)
+    assert sent.kind == "slots"
+    long_city = decide(WAVE, TOOLS, est, value_chars={("get_weather", "city"): 120.0})
+    assert long_city.kind != "slots"
+    assert long_city.options["slots"][1] > 5 * sent.options["slots"][1]                  # 42 forwards, not 5
+    assert decide(WAVE, TOOLS, est, value_chars={("get_weather", "city"): 6.0}).options == sent.options
+    assert decide(WAVE, TOOLS, est, value_chars={("get_weather", "unit"): 900.0}).options == sent.options   # dropped
+    gate = WaveGate(est)
+    outcome = _outcome("skip", accepted=0, after=0)
+    gate.observe(replace(outcome, values=(("get_weather", "city", 100), ("get_weather", "city", 140))))
+    assert gate.decide(WAVE, TOOLS).kind != "slots"
+    assert value_chars([{"name": "get_weather", "arguments": {"city": "Paris", "n": 12, "x": None}}]) == (
+        ("get_weather", "city", 5), ("get_weather", "n", 2), ("get_weather", "x", 0))
 
 
 def test_a_machine_measured_slower_turns_a_send_into_a_skip_and_a_bad_measurement_changes_nothing():
