@@ -41,18 +41,54 @@ def cells(folder: Path) -> list[dict]:
             continue
         data = json.loads(path.read_text())
         if "methods" in data and "order" in data:
-            refresh_hint_worth(data)
+            refresh_wave_summary(data)
             out.append(data)
     return sorted(out, key=lambda d: (d["target"], d["dataset"], bool(d["env"].get("warm_tools"))))
 
 
-def refresh_hint_worth(cell: dict) -> None:
-    """A results file written before :func:`hint_worth` existed still has its rows: each
-    wave-first method's summary gets the hints' worth from them (a newer file's summary is recomputed alike)."""
+def refresh_wave_summary(cell: dict) -> None:
+    """Summary figures computed from a cell's rows (so a file written before they existed shows them too): for each
+    method that ran waves, the hints' worth (:func:`hint_worth`) and the gate's record (:func:`gate_record`); for
+    ``toolspec``, a target step's price by the mean and by the slope (:func:`step_prices`)."""
     for name, summary in cell["methods"].items():
+        rows = [r for r in cell.get("examples", []) if r.get("method") == name]
         if "waves_sent" in summary:
-            summary.update(hint_worth([r for r in cell.get("examples", [])
-                                       if r.get("method") == name and (r.get("wave") or {}).get("banks")]))
+            summary.update(hint_worth([r for r in rows if (r.get("wave") or {}).get("banks")]))
+            summary.update(gate_record(rows))
+        if name == TOOLSPEC and rows:
+            summary.update(step_prices(rows))
+
+
+def gate_record(rows: list[dict]) -> dict:
+    """With ``--paired``: the paired ratio over the requests the gate sent no wave and over those it sent one, and for
+    the sent waves the latency the gate expected against the one measured (ranges). {} without a gate's decisions."""
+    decided = [r for r in rows if (r.get("wave") or {}).get("decision") and r.get("paired")]
+    if not decided:
+        return {}
+    sent = [r for r in decided if r["wave"]["decision"].get("decision") != "skip"]
+    skipped = [r for r in decided if r not in sent]
+
+    def ratio(part):
+        return sum(r["paired"]["toolspec_s"] for r in part) / sum(r["time_s"] for r in part) if part else None
+
+    out = {"no_wave_n": len(skipped), "no_wave_vs_toolspec": ratio(skipped), "wave_n": len(sent),
+           "wave_vs_toolspec": ratio(sent)}
+    if sent:
+        cost = [r["wave"]["decision"]["expected_cost_s"] for r in sent]
+        took = [r["wave"]["wave_s"] for r in sent]
+        out.update(expected_wave_s=[min(cost), max(cost)], measured_wave_s=[min(took), max(took)])
+    return out
+
+
+def step_prices(rows: list[dict]) -> dict:
+    """A target step's seconds from whole requests: the mean ``seconds / forwards`` and the least-squares slope
+    (:class:`~ooospec.runtime.sidecar.gate.StepFit`, what the wave-first gate prices a step with)."""
+    from ooospec.runtime.sidecar.gate import StepFit
+
+    fit = StepFit()
+    for r in rows:
+        fit.add(r["forwards"], r["time_s"])
+    return {"step_mean_s": fit.mean_step_s(), "step_slope_s": fit.step_s()}
 
 
 def hint_worth(rows: list[dict]) -> dict:
@@ -172,7 +208,20 @@ def wave_notes(methods: dict) -> list[str]:
                 per_only = s["forwards_saved_per_hint_only"]
                 line += (f"; target forwards saved against the paired arm {s['forwards_saved_per_token']:.3f} per call "
                          f"token" + (f", {per_only:.2f} per hint-only token" if per_only is not None else ""))
+            if "forwards_saved" in s:
+                line += f" ({s['forwards_saved']} forwards saved, {s['hint_only_accepted']} hint-only tokens)"
             out.append(line)
+        if "no_wave_n" in s:
+            part = [f"{s[k + '_n']} requests {what}: {s[k + '_vs_toolspec']:.2f}x the paired toolspec"
+                    for k, what in (("no_wave", "without a wave"), ("wave", "with one")) if s[k + "_n"]]
+            line = f"\n\n`{name}`, the gate: " + "; ".join(part)
+            if "expected_wave_s" in s:
+                (e0, e1), (m0, m1) = s["expected_wave_s"], s["measured_wave_s"]
+                line += f"; waves expected to take {e0:.2f}-{e1:.2f} s, took {m0:.2f}-{m1:.2f} s"
+            out.append(line)
+        if s.get("step_slope_s"):
+            out.append(f"\n\n`{name}`: a target step {s['step_mean_s']:.3f} s at the mean per forward, "
+                       f"{s['step_slope_s']:.3f} s by the slope of seconds over forwards")
         if "paired_vs_toolspec" in s:
             out.append(f"\n\n`{name}` paired with `toolspec` on the same engine: **{s['paired_vs_toolspec']:.2f}x** "
                        f"(toolspec {s['paired_toolspec_mean_s']:.3f} s, this {s['mean_s']:.3f} s at the mean; "

@@ -216,11 +216,9 @@ class WaveFirst(AloneWaves):
         and, for a wave it sent, the server's timings and the client-seen latency (what a wave costs here, beyond
         ``/health``'s calibration). ``hint_only``: the accepted tokens only the wave's hints had proposed (the
         proposer's :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`, read around the request), what the gate's
-        accept rate learns; None where they cannot be read, and the gate infers the hints' worth from the forwards
-        the target took against those of the requests it sent no wave
-        (:func:`~ooospec.runtime.sidecar.gate.inferred_accepted`; biased where the requests that get a wave differ
-        from the others, as on ``apibank-l1``). ``text``: the target's output; its calls teach the gate each slot's
-        value length (what a wave decodes: the price of a slot query, ``gate.decide``'s ``value_chars``)."""
+        accept rate learns (None: the accept rate keeps what it had). ``text``: the target's output; its calls teach
+        the gate each slot's value length (what a wave decodes: the price of a slot query, ``gate.decide``'s
+        ``value_chars``)."""
         from ooospec.runtime.sidecar.outcome import WaveOutcome, value_chars
 
         gate = self.client.gate
@@ -241,7 +239,7 @@ class WaveFirst(AloneWaves):
             accepted_hint_tokens=int(hint_only or 0) if sent else 0, target_prefill_s=0.0,
             target_decode_s=float(target_s), idle_step_s=(step_s,) * steps,
             server=dict(stats.server) if sent else {}, wave_s=stats.wave_s if sent else None,
-            num_queries=stats.n_queries if sent else 0, target_forwards=int(forwards), values=value_chars(calls)))
+            num_queries=stats.n_queries if sent else 0, values=value_chars(calls)))
 
 
 def wave_first_gate(args):
@@ -363,8 +361,8 @@ def warm_gate(llm, wave_first: WaveFirst, method: str, params: dict, warmup: dic
     timed) run as a timed one would (the same cache state, the wave if the gate sends it, then the target) and teach
     the gate; nothing is recorded. A deployed gate has seen earlier traffic on its machine; these are that traffic.
     The target's drafters learn from them in a history of their own (:data:`WARMUP_HISTORY`): the timed arms (this
-    method's and ``--paired``'s toolspec) start from the same drafter state, else the method would retrieve from 20
-    more calls than its pair (measured before: 17% more draft tokens, 7% slower at equal forwards)."""
+    method's and ``--paired``'s toolspec) start from the same drafter state, else the method would retrieve from the
+    warm-up's calls and its pair would not."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -22,10 +22,7 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
 
 ``accept_rate(o)``: hint tokens accepted per call token generated after the bank was ready (HintDrafter stats),
 per option kind, per tool set shrunk toward the across-tool-sets estimate; in vLLM the accepted tokens only the
-hints had proposed (the proposer's counters, :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`), and where no
-hint count can be read, inferred from the target's forwards (:func:`inferred_accepted`: against the forwards per
-call token of the requests that had no wave, same tool set when seen, divided by ``marginal``; biased where the
-requests that get a wave differ from the rest);
+hints had proposed (the proposer's counters, :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`);
 ``call_tokens``: the expected call length for this tool set; ``step_s``: the target's seconds per decode step on
 this machine (``T(1)`` of its :class:`~ooospec.runtime.backends.cost_model.ForwardCost` when given, else measured
 steps); ``marginal``: target forwards a hint-accepted token saves (most tokens a hint proposes, the schema FSM and
@@ -181,24 +178,6 @@ def expected_tool_saving_s(option: Option, est: Estimates, latency: float) -> fl
     return est.hit_rate * min(est.tool_s, max(0.0, call_end - latency))
 
 
-def inferred_accepted(call_tokens: float, forwards: float, baseline_forwards_per_token: float,
-                      marginal: float) -> float:
-    """Hint tokens a request's wave is worth, inferred where the engine reports only the target's forwards (vLLM):
-    the forwards saved against the no-wave baseline (``baseline_forwards_per_token * call_tokens - forwards``), in
-    accepted-hint-token units (divided by ``marginal``, the forwards one accepted hint token saves), so that
-    ``accept_rate * marginal`` is the forwards saved per call token either way. Negative when the request took more
-    forwards than the baseline: one request is noisy and the running mean must not be biased upward, so it is kept.
-
-    >>> inferred_accepted(50, 10, 0.3, 0.35)       # 15 forwards expected, 10 taken: 5 saved = 14.3 hint tokens
-    14.285714285714286
-    >>> inferred_accepted(50, 16, 0.3, 0.5)
-    -2.0
-    """
-    if marginal <= 0:
-        raise ValueError(f"marginal must be > 0, got {marginal}")
-    return (baseline_forwards_per_token * call_tokens - forwards) / marginal
-
-
 def expected_cost_s(option: Option, est: Estimates) -> float:
     """Target seconds the option costs: the slowdown its compute inflicts, plus the target's own sidecar work."""
     if option.kind == "skip":
@@ -261,8 +240,8 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
             earlier wave or :meth:`WaveGate.remember` sent): they cost no prefill.
         value_chars: ``(tool, parameter) -> mean characters of the values the target wrote there``: a wave decodes
             until its longest answer ends, so the ``slots`` option costs at least ``2 + longest / chars_per_token``
-            forwards (the index, the value, its end) where its slots were seen (free-text values take 15-25
-            forwards where the prior, from short values, says 5).
+            forwards (the index, the value, its end) where its slots were seen (the prior's forwards come from short
+            values; free-text ones take many more).
     Returns:
         the decision; its ``wave`` is the subset to send (None for skip).
     """
@@ -302,7 +281,8 @@ class StepFit:
     """A target's seconds per decode step from whole requests (a client in front of vLLM sees no step times): the
     least-squares slope of request seconds over forwards, so the fixed part of a request (its prefill, the engine's
     per-request work) is not spread over its steps as the mean ``seconds / forwards`` would (that overprices a step
-    by 15-55% on the vLLM rows here, and with it the hints' saving). The mean until ``min_points`` requests with
+    by 7-55% on the ``toolspec`` rows of eval/reports/vllm-wave-first/, ``ooospec vllm-report``; and with it the
+    hints' saving). The mean until ``min_points`` requests with
     different forwards give a slope, and wherever the slope is not in ``(0, mean]``.
 
     >>> fit = StepFit()
@@ -527,8 +507,6 @@ class WaveGate:
                 add("target_token_s", o.target_decode_s, o.call_tokens, pc)
             if o.kind == "skip" or o.wave_s is None:     # the prefill ran with no wave in flight
                 add_key("target_prefill", o.target_prefill_s, 1)
-                if o.target_forwards and o.call_tokens:    # the no-wave baseline the hints are measured against
-                    add_key("forwards_per_token", o.target_forwards, o.call_tokens, pc)
             if o.idle_step_s:
                 add("step_s", sum(o.idle_step_s), len(o.idle_step_s), 10)
             for fn, p, found in o.verbatim:
@@ -540,11 +518,6 @@ class WaveGate:
             add("client_s", o.client_s, 1)
             if o.tokens_after_ready:
                 add_key(f"accept_{o.kind}", o.accepted_hint_tokens, o.tokens_after_ready, pc)
-            elif o.target_forwards is not None and o.call_tokens and o.wave_s is not None:
-                base = self._baseline_forwards_per_token(o.key)
-                if base is not None:     # no hint stats (vLLM): the forwards saved against the no-wave requests
-                    add_key(f"accept_{o.kind}", inferred_accepted(o.call_tokens, o.target_forwards, base,
-                                                                  self.prior.marginal), o.call_tokens, pc)
             sv = o.server
             if sv.get("n_forwards"):
                 add(f"forwards_{o.kind}", sv["n_forwards"], 1)
@@ -563,17 +536,6 @@ class WaveGate:
             if o.interference is not None:
                 lost, overlapped = o.interference
                 add("interference", max(0.0, lost), overlapped, 0.5)
-
-    def _baseline_forwards_per_token(self, key: str) -> float | None:
-        """The target's forwards per call token with no wave: this tool set's requests shrunk toward all requests'
-        (one request's worth of weight), or None before any no-wave request reported its forwards. Caller holds
-        the lock."""
-        glob = self._m.get("forwards_per_token")
-        if glob is None or glob.den <= 0:
-            return None
-        rate = glob.num / glob.den
-        cell = self._key.get((key, "forwards_per_token"))
-        return rate if cell is None else cell.value(rate, self.prior.call_tokens)
 
     def prefill_pays(self, block: str, tools: Sequence[Any]) -> bool:
         """Whether to prefill ``block`` in an agent's idle window (while a tool runs): only when the latest decision

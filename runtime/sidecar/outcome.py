@@ -37,8 +37,6 @@ class WaveOutcome:
     query_chars: int = 0
     interference: tuple[float, float] | None = None   # (target seconds lost, sidecar compute seconds overlapped)
     verbatim: tuple[tuple[str, str, bool], ...] = ()  # (tool, parameter, value in the request verbatim)
-    target_forwards: int | None = None   # the target's decode forwards, where the engine reports no hint stats (vLLM):
-    #                                      the gate infers the hints' worth from them (WaveGate.observe)
     values: tuple[tuple[str, str, int], ...] = ()     # (tool, parameter, characters of the value the target wrote)
 
 

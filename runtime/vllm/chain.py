@@ -131,6 +131,15 @@ def label_outcomes(chain: Sequence[int], proposals: Sequence[Proposal], n_accept
     return out
 
 
+def has_label(drafter: str, label: str) -> bool:
+    """Whether proposal label ``drafter`` is drafter ``label``'s: its name or one of its ``name/kind`` labels.
+
+    >>> has_label("hints/long", "hints"), has_label("hints", "hints"), has_label("hintsx", "hints")
+    (True, True, False)
+    """
+    return drafter == label or drafter.startswith(label + "/")
+
+
 def only_accepted(chain: Sequence[int], proposals: Sequence[Proposal], n_accepted: int, label: str) -> int:
     """Accepted chain tokens that only drafter ``label`` had proposed: how far its proposals carried the accepted
     prefix beyond every other drafter's (``min(n, its prefix) - min(n, the best other prefix)``, at least 0). What
@@ -149,7 +158,7 @@ def only_accepted(chain: Sequence[int], proposals: Sequence[Proposal], n_accepte
     own = other = 0
     for p in proposals:
         on_chain = common_prefix_len(p.tokens, chain)
-        if p.drafter == label or p.drafter.startswith(label + "/"):
+        if has_label(p.drafter, label):
             own = max(own, on_chain)
         else:
             other = max(other, on_chain)

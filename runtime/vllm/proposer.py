@@ -66,6 +66,7 @@ from ooospec.runtime.vllm.chain import (
     ChainCost,
     accepted_of,
     choose_chain,
+    has_label,
     label_outcomes,
     only_accepted,
     record_chain,
@@ -380,7 +381,7 @@ class ChainProposer:
             counts = self.by_label.setdefault(label, [0, 0])
             counts[0] += proposed
             counts[1] += accepted
-            if label == HINTS_LABEL or label.startswith(HINTS_LABEL + "/"):
+            if has_label(label, HINTS_LABEL):
                 hint = max(hint, accepted)
         if hint:
             only = only_accepted(state.chain, state.proposals, n, HINTS_LABEL)

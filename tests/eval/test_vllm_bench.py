@@ -378,24 +378,16 @@ def test_wave_first_prices_the_target_with_its_first_request_then_gates_and_lear
         schedule, info = wf.run(record, time.perf_counter())          # a slow target: the wave pays
         assert info["decision"]["decision"] != "skip" and schedule and len(server.received) == 1
         before = gate.estimates(tools_key(TOOLS))
-        kind = info["decision"]["decision"]
-        wf.observe(target_s=3.0, new_tokens=20, forwards=6)  # faster, but 6 forwards where no wave took 0.25 a token
+        wf.observe(target_s=3.0, new_tokens=20, forwards=6)   # a faster request, no hint counts read
         after = gate.estimates(tools_key(TOOLS))
         assert after.step_s < before.step_s and after.call_tokens < before.call_tokens
-        # vLLM reports no hint stats: the hints' worth is inferred from the forwards, against the first request's
-        assert 0 < after.accept_rate[kind] < before.accept_rate[kind]
-        schedule, info = wf.run(record, time.perf_counter())  # a wave still pays, a smaller one maybe
-        kind = info["decision"]["decision"]
-        assert kind != "skip" and schedule
-        lower = gate.estimates(tools_key(TOOLS)).accept_rate[kind]
-        wf.observe(target_s=1.0, new_tokens=40, forwards=2)  # 8 forwards saved of the 10 expected
-        assert gate.estimates(tools_key(TOOLS)).accept_rate[kind] > lower
+        assert after.accept_rate == before.accept_rate               # nothing counted: the accept rate stands
     assert not gate.calibrate_target(0.0, 10) and not gate.calibrate_target(1.0, 0)
 
 
 def test_wave_first_learns_the_accept_rate_from_the_hint_tokens_only_its_hints_proposed():
     """Where the proposer's hint counters are read, a sent wave's accept rate is the accepted tokens only its hints
-    had proposed per call token (no inference from forwards): hints that add nothing make a wave worth less and less."""
+    had proposed per call token: hints that add nothing make a wave worth less and less."""
     import time
 
     from ooospec.runtime.sidecar.gate import tools_key

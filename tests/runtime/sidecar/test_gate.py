@@ -26,7 +26,6 @@ from ooospec.runtime.sidecar.gate import (
     decide,
     expected_cost_s,
     expected_saving_s,
-    inferred_accepted,
     tools_key,
     wave_compute_s,
 )
@@ -195,34 +194,6 @@ def test_evidence_moves_the_decision():
     assert est.interference > 0.7 and est.accept_rate["slots"] < 0.1
     assert est.prefill_per_token == pytest.approx(0.4 / 360, rel=0.2)
     assert gate.decide(WAVE, TOOLS).kind == "skip"
-
-
-def test_without_hint_stats_the_forwards_saved_against_no_wave_requests_price_the_hints():
-    """vLLM reports the target's forwards, not its hint tokens: the gate compares a wave request's forwards with
-    the no-wave requests' forwards per call token (same tool set) and learns the accept rate from the difference,
-    down to 0 for hints that save nothing, which turns a sending gate into a skipping one."""
-    from dataclasses import replace
-
-    def outcome(kind, forwards, wave_s=None):
-        o = _outcome(kind, accepted=0, after=0, call_tokens=40, wave_s=wave_s,
-                     server={"prefill_s": 0.1, "decode_s": 0.2, "n_forwards": 5} if kind != "skip" else None)
-        return replace(o, target_forwards=forwards)
-
-    gate = WaveGate(replace(SPLIT, marginal=0.5), prior_weight=1.0)
-    key = tools_key(TOOLS)
-    prior = gate.estimates(key).accept_rate["slots"]
-    gate.observe(outcome("slots", 4, wave_s=0.3))            # no baseline yet: nothing inferred
-    assert gate.estimates(key).accept_rate["slots"] == prior
-    gate.observe(outcome("skip", 20))                         # 0.5 forwards per call token with no wave
-    gate.observe(outcome("slots", 10, wave_s=0.3))            # 10 saved = 20 accepted hint tokens of 40
-    assert gate.estimates(key).accept_rate["slots"] > prior
-    assert gate.decide(WAVE, TOOLS).kind == "slots"
-    for _ in range(10):
-        gate.observe(outcome("slots", 30, wave_s=0.3))        # then waves after which the target took more
-    assert gate.estimates(key).accept_rate["slots"] == 0.0    # a negative mean is clamped, never below 0
-    assert gate.decide(WAVE, TOOLS).kind != "slots"                # the index alone still has its prior
-    with pytest.raises(ValueError):
-        inferred_accepted(40, 10, 0.5, 0.0)
 
 
 def test_a_slow_tool_makes_the_slots_wave_pay_in_an_agent_loop():
