@@ -9,6 +9,11 @@ are what a user of the bindings gets::
 (``llama.cpp-pld`` pays what the bindings pay for speculation: with a draft model they copy every position's
 logits, the prompt's included, into a numpy array; that is part of what a user of that API gets.)
 
+On a CPU with AMX the bindings' model is loaded without llama.cpp's extra weight buffers, as ooo-spec's own
+llama.cpp backend is (:func:`~ooospec.runtime.backends.llamacpp.default_repack`: llama.cpp 0.3.36's AMX matmul
+segfaults on the registry's Q4_K GGUFs, so the stock ``Llama`` crashed at its first forward there); ``Llama`` has no
+argument for it, so :func:`extra_buffers` sets it in the default model parameters while the instance loads.
+
 Every call starts cold (``Llama.reset()``: no KV of an earlier request is reused), unless ``warm_prefix`` says
 which prompt prefix was prefilled before the clock started (the bench's ``--warm-tools``).
 
@@ -20,14 +25,37 @@ The generator is stopped by the harness' stop rule (EOS, end of call, token cap)
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ooospec.eval.method_api import BenchContext, BenchMethod, MethodResult
 from ooospec.runtime.methods import REGISTRY, peers_of
 
 PEERS = peers_of("llama.cpp")
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def extra_buffers(on: bool) -> Iterator[None]:
+    """While it is open, a ``llama_cpp.Llama`` built loads its model with llama.cpp's ``use_extra_bufts`` = ``on``
+    (the bindings' default parameters, patched and restored; ``Llama`` takes no such argument)."""
+    import llama_cpp.llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = bool(on)
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
 
 
 class LlamaCppPeer:
@@ -37,12 +65,19 @@ class LlamaCppPeer:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+        from ooospec.runtime.backends.llamacpp import default_repack
+
         draft = LlamaPromptLookupDecoding(num_pred_tokens=pld_tokens) if pld_tokens else None
         # with a draft model the bindings keep every position's logits (scores[n_ctx, vocab]); they size that
         # array by the logits_all argument, so it must be passed too (0.3.36 crashes past n_batch tokens otherwise)
-        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, draft_model=draft, logits_all=draft is not None, seed=0,
-                         verbose=False)
+        repack, why = default_repack()
+        if not repack:
+            logger.info("llama.cpp peer: %s", why)
+        with extra_buffers(repack):
+            self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                             n_threads_batch=threads, draft_model=draft, logits_all=draft is not None, seed=0,
+                             verbose=False)
+        self.repack = repack
         self._q_lens: list[int] = []
         self._armed = False
         inner = self.llm.eval

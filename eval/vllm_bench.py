@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import sys
@@ -110,6 +111,9 @@ def llamacpp_rows(path: Path | None, ids: list[str]) -> dict[str, dict]:
     """``record_id -> row`` of the ``llama.cpp`` method in an ``ooospec bench`` results JSON."""
     if path is None:
         return {}
+    if not Path(path).is_file():
+        raise SystemExit(f"--llamacpp-bench {path}: no such file (make it first: ooospec bench --backend llama.cpp "
+                         f"--methods {LLAMACPP_REFERENCE} ... --out {path}, the same requests)")
     data = json.loads(Path(path).read_text())
     rows = {r["id"]: r for r in data["examples"] if r["method"] == LLAMACPP_REFERENCE}
     missing = [i for i in ids if i not in rows]
@@ -152,8 +156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the two differ only by the wave; the table adds the paired ratio")
     p.add_argument("--gate-warmup", type=int, default=0, metavar="N",
                    help="ooospec-wave-first with a gate: before the timed requests (untimed, no rows) the gate learns "
-                        "from N other requests of the dataset (the N after the --limit timed ones: disjoint), as a "
-                        "deployed gate has seen earlier traffic; 0: the gate starts from its prior")
+                        "from N other requests of the dataset (a seeded random N of those after the --limit timed "
+                        "ones: disjoint), as a deployed gate has seen earlier traffic; 0: the gate starts from its "
+                        "prior")
     p.add_argument("--serve-lora", default=None, metavar="ADAPTER",
                    help="run every method through `vllm serve` with this sidecar adapter as a LoRA module of the "
                         "target's engine; method ooospec sends its waves to that same server (shared base only)")
@@ -179,12 +184,10 @@ def run_cli(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     fmt = detect_format(tokenizer)
     check_gate_warmup(args, order)
-    records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit + args.gate_warmup)
-    records, warmup = records[:args.limit], records[args.limit:]
-    if len(warmup) < args.gate_warmup:
-        raise SystemExit(f"--gate-warmup {args.gate_warmup}: {args.dataset} has {len(warmup)} requests after the "
-                         f"{args.limit} timed ones")
+    records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir))
+    records, warmup = records[:args.limit], warmup_records(records[args.limit:], args.gate_warmup, args.dataset)
     prompts = [prompt_ids_of(r, tokenizer, fmt) for r in records]
+    llama = joined_llamacpp_rows(args.llamacpp_bench, records, prompts)    # a bad --llamacpp-bench fails before any run
     warmup_prompts = [prompt_ids_of(r, tokenizer, fmt) for r in warmup]
     if args.warm_tools:
         if args.serve_lora:
@@ -210,12 +213,23 @@ def run_cli(args: argparse.Namespace) -> int:
     for method in order:
         if method != VLLM_PREFILL:
             compare(rows[method], reference, args.tie_margin)
-    llama = joined_llamacpp_rows(args.llamacpp_bench, records, prompts)
     results = build_results(args, order, rows, llama, fmt.NAME)
     write_results(args.out, results)
     shutil.rmtree(saved)
     print(render_table(results))
     return 0
+
+
+def warmup_records(rest: list[dict], n: int, dataset: str = "the dataset", seed: int = 0) -> list[dict]:
+    """``--gate-warmup N``'s requests: a seeded random N of ``rest`` (the records after the timed ones), in id order.
+    Not the next N: benchmarks sorted by id keep one API's requests together (API-Bank's ids start with the API's
+    name), so the next N would teach the gate other tools than a random slice of the traffic would. SystemExit when
+    ``rest`` has fewer than N."""
+    if n > len(rest):
+        raise SystemExit(f"--gate-warmup {n}: {dataset} has {len(rest)} requests after the timed ones")
+    if n <= 0:
+        return []
+    return sorted(random.Random(seed).sample(rest, n), key=lambda r: r["id"])
 
 
 def check_gate_warmup(args, order: list[str]) -> None:

@@ -239,7 +239,8 @@ class WaveFirst(AloneWaves):
             accepted_hint_tokens=int(hint_only or 0) if sent else 0, target_prefill_s=0.0,
             target_decode_s=float(target_s), idle_step_s=(step_s,) * steps,
             server=dict(stats.server) if sent else {}, wave_s=stats.wave_s if sent else None,
-            num_queries=stats.n_queries if sent else 0, values=value_chars(calls)))
+            num_queries=stats.n_queries if sent else 0, values=value_chars(calls),
+            model_latency_s=decision.model_latency_s if sent else 0.0))
 
 
 def wave_first_gate(args):

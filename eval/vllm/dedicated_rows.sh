@@ -8,7 +8,7 @@
 # METHODS may add `ooospec-wave-first` (REAL on the same cores: each request's wave first, inside its time, then the
 # target with its hints; GATE other than off gates its waves at the client) and ADD="--add --paired" times each of its
 # requests as `toolspec` on the same engine too (eval/reports/vllm-wave-first/); WARMUP=N lets its gate learn from N
-# untimed requests first (the N after the LIMIT timed ones).
+# untimed requests first (a seeded random N of those after the LIMIT timed ones).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
 #   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE

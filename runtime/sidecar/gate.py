@@ -3,11 +3,12 @@
 A wave (:func:`~ooospec.runtime.sidecar.prompts.build_wave`) is not free: the sidecar prefills a ~350-token block
 and decodes ~5 forwards, and when it shares cores with the target every second of that compute slows the target's
 own forwards. On two shared CPU cores a full wave costs more than its hints save. So, per request, the gate
-weighs three options -- ``skip`` (no wave), ``index`` (the function-index query only) and ``slots`` (the index plus
+weighs three options -- ``skip`` (no wave), ``index`` (the function-index query only; not for a toolbox of one
+tool, whose name the schema FSM drafts) and ``slots`` (the index plus
 the argument slots whose value the target does not usually copy verbatim from the request, which prompt lookup
 drafts anyway) -- and takes the one with the largest expected net saving (``skip``'s is 0; ties go to the cheaper)::
 
-    latency(o)  = latency_factor * compute(o)                       when the bank is ready, from arrival
+    latency(o)  = wave_scale(o) * latency_factor * compute(o)       when the bank is ready, from arrival
     compute(o)  = prefill_per_token * (block + query tokens)        the sidecar's seconds for option o
                 + forwards(o) * (decode_forward + decode_per_query * num_queries)
     forwards(slots) >= 2 + longest value / chars_per_token           where the target's values for its slots were seen
@@ -15,11 +16,15 @@ drafts anyway) -- and takes the one with the largest expected net saving (``skip
     saving(o)   = accept_rate(o) * max(0, call_tokens - before(o)) * marginal * step_s
                 + [o = slots] hit_rate * min(tool_s, max(0, call_end - latency(o)))        speculative tools
     call_end    = target_prefill + call_tokens * target_token_s
-    cost(o)     = interference * compute(o) + client_s
+    cost(o)     = interference * wave_scale(o) * compute(o) + client_s
     choose argmax over o of saving(o) - cost(o), with skip = 0
 
     target_waits (wave-first: the target starts once the bank is ready): before(o) = 0, cost(o) = latency(o) + client_s
 
+``wave_scale(o)``: a tool set's waves of o's kind, their measured latency over what this model priced them at, shrunk
+toward 1 (the model's own ratios learn across tool sets): what the model misses for one toolbox (long free-text
+values, a second candidate's slots) is learnt from the waves it sent; an ``index`` wave (one forward) says nothing
+of a ``slots`` wave's values, so the two are kept apart.
 ``accept_rate(o)``: hint tokens accepted per call token generated after the bank was ready (HintDrafter stats),
 per option kind, per tool set shrunk toward the across-tool-sets estimate; in vLLM the accepted tokens only the
 hints had proposed (the proposer's counters, :data:`~ooospec.runtime.vllm.proposer.HINT_COUNTERS`);
@@ -99,6 +104,8 @@ class Estimates:
     tool_s: float = 0.0          # latency of the tool a call runs (agent loops; 0: no tool runs on a guess)
     target_waits: bool = False   # the target starts only once the wave is ready (wave-first): no call token is
     #                              committed before the bank, and the whole wave latency is the target's delay
+    wave_scale: Mapping[str, float] = field(default_factory=dict)   # kind -> measured wave latency / this
+    #                              model's (latency_factor * compute), learnt per tool set (absent: 1)
 
 
 def calibrated(prior: Estimates, measured: Mapping[str, Any]) -> Estimates:
@@ -149,11 +156,21 @@ def wave_compute_s(option: Option, est: Estimates) -> float:
     return est.prefill_per_token * tokens + forwards * forward
 
 
+def model_latency_s(option: Option, est: Estimates) -> float:
+    """The wave's latency from arrival as the model prices it, before the learnt ``wave_scale``."""
+    return est.latency_factor * wave_compute_s(option, est)
+
+
+def wave_latency_s(option: Option, est: Estimates) -> float:
+    """The wave's expected latency from arrival: the model's, scaled by what the waves sent so far measured."""
+    return est.wave_scale.get(option.kind, 1.0) * model_latency_s(option, est)
+
+
 def expected_saving_s(option: Option, est: Estimates) -> float:
     """Target seconds the option's hints are expected to save (0 for ``skip``)."""
     if option.kind == "skip":
         return 0.0
-    latency = est.latency_factor * wave_compute_s(option, est)
+    latency = wave_latency_s(option, est)
     before = 0.0 if est.target_waits else max(0.0, latency - est.target_prefill) / max(est.target_token_s, 1e-6)
     accepted = est.accept_rate[option.kind] * max(0.0, est.call_tokens - before)
     return accepted * est.marginal * est.step_s + expected_tool_saving_s(option, est, latency)
@@ -183,8 +200,8 @@ def expected_cost_s(option: Option, est: Estimates) -> float:
     if option.kind == "skip":
         return 0.0
     if est.target_waits:         # the target idles for the wave's whole latency, whatever the cores do meanwhile
-        return est.latency_factor * wave_compute_s(option, est) + est.client_s
-    return est.interference * wave_compute_s(option, est) + est.client_s
+        return wave_latency_s(option, est) + est.client_s
+    return est.interference * est.wave_scale.get(option.kind, 1.0) * wave_compute_s(option, est) + est.client_s
 
 
 @dataclass(frozen=True)
@@ -200,6 +217,7 @@ class WaveDecision:
     key: str                             # the tool set the stats are kept for
     probe: bool = False                  # sent to measure although the estimate said skip
     cached_chars: int = 0                # leading block characters expected in the server's prefix cache
+    model_latency_s: float = 0.0         # the chosen option's latency as the model priced it (before wave_scale)
     wave: sp.Wave | None = field(default=None, compare=False, repr=False)   # the wave to send (None: skip)
 
     def to_dict(self) -> dict:
@@ -207,7 +225,8 @@ class WaveDecision:
                 "expected_cost_s": round(self.cost_s, 4), "queries": list(self.queries),
                 "num_queries": len(self.queries), "dropped_verbatim": list(self.dropped),
                 "options": {k: [round(s, 4), round(c, 4)] for k, (s, c) in self.options.items()},
-                "probe": self.probe, "cached_chars": self.cached_chars}
+                "probe": self.probe, "cached_chars": self.cached_chars,
+                "model_latency_s": round(self.model_latency_s, 4)}
 
 
 def query_name(q: sp.SlotQuery) -> str:
@@ -261,13 +280,15 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
                Option("slots", index + tuple(kept), len(wave.block), cached, forwards)]
     if not kept:
         options.pop()            # slots would be the index wave again
+    if len(tools) == 1:
+        options.pop(1)           # one tool: its name is known (the schema FSM drafts it); an index wave buys nothing
     scored = {o.kind: (expected_saving_s(o, est), expected_cost_s(o, est)) for o in options}
-    candidates = options[1:] if probe else options
+    candidates = options[1:] if probe and len(options) > 1 else options     # nothing to probe: skip
     best = max(candidates, key=lambda o: (scored[o.kind][0] - scored[o.kind][1], -KINDS.index(o.kind)))
     saving, cost = scored[best.kind]
     return WaveDecision(best.kind, saving, cost, tuple(query_name(q) for q in best.queries),
                         tuple(query_name(q) for q in dropped) if best.kind == "slots" else (), scored, key,
-                        probe=probe, cached_chars=cached,
+                        probe=probe, cached_chars=cached, model_latency_s=model_latency_s(best, est),
                         wave=None if best.kind == "skip" else sp.Wave(wave.block, best.queries))
 
 
@@ -444,7 +465,8 @@ class WaveGate:
             target_prefill=per_key("target_prefill", g("target_prefill", p.target_prefill), w),
             target_token_s=g("target_token_s", p.target_token_s, w * p.call_tokens),
             client_s=g("client_s", p.client_s), chars_per_token=g("chars_per_token", p.chars_per_token, w * 300),
-            tool_s=per_key("tool_s", g("tool_s", p.tool_s, 1.0), 1.0), hit_rate=g("hit_rate", p.hit_rate))
+            tool_s=per_key("tool_s", g("tool_s", p.tool_s, 1.0), 1.0), hit_rate=g("hit_rate", p.hit_rate),
+            wave_scale={k: per_key(f"wave_scale_{k}", p.wave_scale.get(k, 1.0), w * 0.5) for k in ("index", "slots")})
 
     def remember(self, block: str) -> None:
         """Note that the server has prefilled ``block`` (a wave or a prefill request was sent with it)."""
@@ -533,6 +555,11 @@ class WaveGate:
             compute = (sv.get("prefill_s") or 0.0) + (sv.get("decode_s") or 0.0)
             if o.wave_s is not None and compute > 0:
                 add("latency_factor", o.wave_s, compute, 0.5)
+            if o.wave_s is not None and o.model_latency_s > 0:
+                # what the model missed for this tool set (its values' lengths, a second candidate's slots); per
+                # tool set only: across tool sets the forwards, decode and latency ratios above already learn
+                cell = self._key.setdefault((o.key, f"wave_scale_{o.kind}"), _Mean())
+                cell.add(o.wave_s, o.model_latency_s, cap * 0.5)
             if o.interference is not None:
                 lost, overlapped = o.interference
                 add("interference", max(0.0, lost), overlapped, 0.5)

@@ -38,6 +38,7 @@ class WaveOutcome:
     interference: tuple[float, float] | None = None   # (target seconds lost, sidecar compute seconds overlapped)
     verbatim: tuple[tuple[str, str, bool], ...] = ()  # (tool, parameter, value in the request verbatim)
     values: tuple[tuple[str, str, int], ...] = ()     # (tool, parameter, characters of the value the target wrote)
+    model_latency_s: float = 0.0     # the sent wave's latency as the gate's model priced it (WaveDecision's)
 
 
 def verbatim_slots(calls: Sequence[Mapping], messages: Sequence[Any]) -> tuple[tuple[str, str, bool], ...]:
@@ -147,4 +148,5 @@ def outcome_of(decision: WaveDecision, result, hint_stats, request_stats, calls:
         wave_s=st.wave_s, num_queries=st.n_queries,
         block_chars=len(wave.block) if wave is not None else 0,
         query_chars=sum(len(q.text) for q in wave.queries) if wave is not None else 0,
-        interference=sample, verbatim=verbatim_slots(calls, messages))
+        interference=sample, verbatim=verbatim_slots(calls, messages), values=value_chars(calls),
+        model_latency_s=decision.model_latency_s)

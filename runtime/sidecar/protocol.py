@@ -128,6 +128,15 @@ def index_wave(messages: Sequence[Any], tools: Sequence[Any], prior_calls: Seque
     return sp.Wave(sp.shared_block(messages, tools, prior_calls, layout), (query,))
 
 
+def only_tool(tools: Sequence[Any]) -> bool:
+    """A toolbox of exactly one named tool: the function is known without asking (no index query is worth sending).
+
+    >>> only_tool([{"name": "f"}]), only_tool([{"name": "f"}, {"name": "g"}]), only_tool([{}])
+    (True, False, False)
+    """
+    return len(tools) == 1 and schemas.tool_name(tools[0]) is not None
+
+
 def select_arguments(wave: sp.Wave, functions: Sequence[str]) -> sp.Wave:
     """``wave``'s block with its argument queries of ``functions`` (in the wave's order) and its direct-call query."""
     keep = set(functions)
@@ -290,15 +299,21 @@ def run_function_first(client: SidecarClient, req: HintRequest, tools: Sequence[
                        wave: sp.Wave) -> None:
     """Both stages for ``req`` in the client's background thread. ``wave``: the request's full wave, or the gate's
     cut of it (its argument and direct-call queries bound stage 2). Raises :class:`WaveFailure`; the early bank
-    stays published after a stage-2 failure. ``sent_t`` stays stage 1's, so ``wave_s`` spans both stages."""
+    stays published after a stage-2 failure. ``sent_t`` stays stage 1's, so ``wave_s`` spans both stages. A toolbox
+    of one tool has nothing to choose: no stage 1 (its round trip and decode forward would buy only the name, which
+    the schema FSM drafts anyway); the early bank is published at once and stage 2 prefills the block itself."""
     st = req._stats
-    index_text, top = ask_index(client, req, wave.block, len(tools))
-    first_sent = st.sent_t
     t0 = time.perf_counter()
-    candidates = function_candidates(index_text, top, len(tools), top_k=client.top_k, min_prob=client.min_prob)
-    candidates = [i for i in candidates if schemas.tool_name(tools[i]) is not None]
-    if not candidates:
-        raise WaveFailure("no_call", f"the index answer {index_text[:40]!r} names no tool")
+    if only_tool(tools):
+        candidates, first_sent = [0], None
+    else:
+        index_text, top = ask_index(client, req, wave.block, len(tools))
+        first_sent = st.sent_t
+        t0 = time.perf_counter()
+        candidates = function_candidates(index_text, top, len(tools), top_k=client.top_k, min_prob=client.min_prob)
+        candidates = [i for i in candidates if schemas.tool_name(tools[i]) is not None]
+        if not candidates:
+            raise WaveFailure("no_call", f"the index answer {index_text[:40]!r} names no tool")
     st.functions = [schemas.tool_name(tools[i]) for i in candidates]
     early = [{"name": name, "arguments": {}} for name in st.functions]
     stage2 = select_arguments(wave, st.functions)
@@ -313,7 +328,8 @@ def run_function_first(client: SidecarClient, req: HintRequest, tools: Sequence[
     try:
         calls = ask_arguments(client, req, tools, candidates, stage2)
     finally:
-        st.sent_t = first_sent
+        if first_sent is not None:
+            st.sent_t = first_sent
     t0 = time.perf_counter()
     bank = HintBank.from_calls(calls, fmt, tokenizer)
     st.num_views = len(bank.views)

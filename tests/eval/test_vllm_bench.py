@@ -100,6 +100,27 @@ def test_results_join_llamacpp_and_render(tmp_path):
     assert "| toolspec | 1 |" in table and "2.00x" in table
     with pytest.raises(SystemExit, match="no llama.cpp row"):
         vb.llamacpp_rows(tmp_path / "l.json", ["a", "b"])
+    with pytest.raises(SystemExit, match="nope.json: no such file"):       # named, not a traceback
+        vb.llamacpp_rows(tmp_path / "nope.json", ["a"])
+
+
+def test_a_missing_llamacpp_bench_stops_the_run_before_any_engine_starts(tmp_path, monkeypatch):
+    """A wrong --llamacpp-bench path used to fail after every method had run (13 min of a lost run here)."""
+    monkeypatch.setattr(vb, "measure", lambda *a, **k: pytest.fail("measured before checking --llamacpp-bench"))
+    monkeypatch.setattr(vb, "vllm_cpu_env", lambda *a, **k: None)
+    monkeypatch.setattr(vb, "resolve_benchmark", lambda *a: tmp_path / "x.jsonl")
+    monkeypatch.setattr(vb, "load_examples", lambda *a, **k: [{"id": "a", "messages": [], "tools": []}])
+    monkeypatch.setattr(vb, "prompt_ids_of", lambda r, tok, fmt: [1, 2, 3])
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr("ooospec.runtime.formats.detect_format", lambda tok: object())
+    p = argparse.ArgumentParser()
+    vb.add_arguments(p)
+    args = p.parse_args(["--target", str(tmp_path), "--dataset", "x", "--out", str(tmp_path / "o.json"),
+                         "--methods", "vllm,toolspec", "--llamacpp-bench", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match="missing.json: no such file"):
+        vb.run_cli(args)
 
 
 def test_add_reuses_the_earlier_reference_and_checks_the_requests(tmp_path):
@@ -469,6 +490,20 @@ def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(mo
     assert [e["cached"] for e in log[1:4]] == [3, 3, 3]                                 # each from its toolbox
     # the warm-up's calls teach a drafter history of their own, not the timed requests'
     assert [e["xargs"].get("ooospec_history") for e in log[1:]] == [vllm_runs.WARMUP_HISTORY] * 3 + [None] * 2
+
+
+def test_gate_warmup_requests_are_a_seeded_random_slice_of_the_rest_not_the_next_ones():
+    # API-Bank sorted by id: each API's requests together; the next N would all be one API's
+    rest = [{"id": f"{api}-{i:02d}"} for api in ("AppointmentRegistration", "BookHotel", "Calculator", "Wiki")
+            for i in range(10)]
+    warm = vb.warmup_records(rest, 12, "apibank-l1")
+    ids = [r["id"] for r in warm]
+    assert len(set(ids)) == 12 and ids == sorted(ids) and set(ids) <= {r["id"] for r in rest}
+    assert len({i.split("-")[0] for i in ids}) >= 3           # several APIs, not the first one's 10 and 2 more
+    assert warm == vb.warmup_records(rest, 12, "apibank-l1")  # deterministic
+    assert vb.warmup_records(rest, 0) == [] and len(vb.warmup_records(rest, 40)) == 40
+    with pytest.raises(SystemExit, match="has 40 requests after the timed ones"):
+        vb.warmup_records(rest, 41, "apibank-l1")
 
 
 @pytest.mark.parametrize("argv, why", [

@@ -237,3 +237,24 @@ def test_tie_margin_is_calibrated_from_the_measured_batch_shape_difference(targe
     target._tie_margin = None
     assert target.tie_margin == 6.0
     target._tie_margin = None
+
+
+def test_the_llamacpp_peer_loads_without_extra_buffers_where_our_backend_does(tmp_path, monkeypatch):
+    """On an AMX CPU the stock ``Llama`` (the `llama.cpp` peer) segfaulted at its first forward: llama.cpp's AMX
+    matmul with its extra buffers (the reason our backend turns them off there). The peer now loads as our backend."""
+    import llama_cpp.llama_cpp as lib
+
+    from ooospec.eval import llamacpp_peers
+    from ooospec.runtime.backends import llamacpp
+
+    default = lib.llama_model_default_params
+    assert default().use_extra_bufts is True                       # llama.cpp's own default
+    with pytest.raises(RuntimeError), llamacpp_peers.extra_buffers(False):
+        assert lib.llama_model_default_params().use_extra_bufts is False
+        raise RuntimeError("a failed load")
+    assert lib.llama_model_default_params is default               # restored, even after an error
+    gguf = make_tiny_gguf(tmp_path / "peer.gguf", vocab=320, head_scale=8.0, seed=3)
+    for repack in (False, True):
+        monkeypatch.setattr(llamacpp, "default_repack", lambda r=repack: (r, "as this CPU needs"))
+        peer = llamacpp_peers.LlamaCppPeer(gguf, threads=1, n_ctx=256)
+        assert peer.repack is repack and peer.llm.model_params.use_extra_bufts is repack

@@ -297,6 +297,27 @@ def test_function_first_tool_without_parameters_needs_one_request():
     assert st.ready_t == st.early_t is not None and st.n_queries == 1
 
 
+def test_function_first_over_one_tool_asks_no_index():
+    """One tool: nothing to choose, so no stage 1 (its round trip and forward bought only the name): one request,
+    the arguments; the early bank (the name) is out before it is sent. A tool without parameters needs none."""
+    weather = TOOLS[0]
+    with StandIn("by_query") as server:
+        req = SidecarClient(server.url, wave="function-first").submit(MESSAGES, [weather], fmt=hermes,
+                                                                      tokenizer=byte_tokenizer())
+        bank = req.wait(10)
+    st = req.stats()
+    assert st.error is None, st.error_detail
+    assert [q for qs in server.queries for q in qs] == ["Query: get_weather.city", "Query: get_weather.unit"]
+    assert len(server.received) == 1 and st.n_queries == 2 and st.index_s is None
+    assert bank.calls == [WEATHER_CALL] and st.functions == ["get_weather"]
+    assert st.early_t <= st.sent_t <= st.response_t <= st.ready_t and st.wave_s > 0
+    with StandIn("by_query") as server:
+        req = SidecarClient(server.url, wave="function-first").submit(MESSAGES, [PING], fmt=hermes,
+                                                                      tokenizer=byte_tokenizer())
+        assert req.wait(10).calls == [{"name": "ping", "arguments": {}}]
+    assert server.received == [] and req.stats().error is None
+
+
 def test_function_first_asks_a_server_that_refuses_logprobs_without_them():
     with StandIn("by_query", refuse_logprobs=True) as server:
         client = SidecarClient(server.url, wave="function-first")

@@ -148,13 +148,24 @@ def test_decision_record_shape():
     d = decide(WAVE, TOOLS, SPLIT, key="k")
     rec = d.to_dict()
     assert set(rec) == {"decision", "expected_saving_s", "expected_cost_s", "queries", "num_queries",
-                        "dropped_verbatim", "options", "probe", "cached_chars"}
+                        "dropped_verbatim", "options", "probe", "cached_chars", "model_latency_s"}
     assert rec["decision"] == "slots" and rec["num_queries"] == len(rec["queries"]) == 3
     assert set(rec["options"]) == {"skip", "index", "slots"} and rec["options"]["skip"] == [0.0, 0.0]
     json.dumps(rec)                                   # a plain JSON record (bench rows, chat turn stats)
     gate = WaveGate(SHARED)
     gate.decide(WAVE, TOOLS)
     assert gate.log == [decide(WAVE, TOOLS, SHARED, key=tools_key(TOOLS)).to_dict()]
+
+
+def test_one_tool_offers_no_index_wave():
+    # the name of the only tool is drafted by the schema FSM: an index wave would buy nothing
+    one = sp.build_wave(MESSAGES, TOOLS[:1])
+    index_only = replace(SPLIT, accept_rate={"index": 0.9, "slots": 0.0})     # priced to win when offered
+    assert decide(WAVE, TOOLS, index_only).kind == "index"
+    d = decide(one, TOOLS[:1], index_only)
+    assert "index" not in d.options and d.kind == "skip"
+    assert decide(one, TOOLS[:1], index_only, probe=True).kind == "slots"     # a probe sends what is left
+    assert decide(one, TOOLS[:1], SPLIT).kind == "slots"
 
 
 def test_interference_sample():
@@ -194,6 +205,33 @@ def test_evidence_moves_the_decision():
     assert est.interference > 0.7 and est.accept_rate["slots"] < 0.1
     assert est.prefill_per_token == pytest.approx(0.4 / 360, rel=0.2)
     assert gate.decide(WAVE, TOOLS).kind == "skip"
+
+
+def test_a_tool_sets_waves_slower_than_priced_teach_that_tool_set_only():
+    # wave-first: the target waits for the wave, so its latency is the whole cost
+    gate = WaveGate(replace(SPLIT, target_waits=True, accept_rate={"index": 0.05, "slots": 0.5}, step_s=0.1,
+                            call_tokens=100), prior_weight=1.0)
+    first = gate.decide(WAVE, TOOLS)
+    assert first.kind == "slots" and first.model_latency_s > 0
+    assert first.to_dict()["model_latency_s"] == pytest.approx(first.model_latency_s, abs=1e-4)
+    # its waves take 5x what the model priced (long free-text values the model did not know of): 4 of them
+    for _ in range(4):
+        gate.observe(replace(_outcome("slots", accepted=50, after=100, wave_s=5 * first.model_latency_s),
+                             model_latency_s=first.model_latency_s))
+    est = gate.estimates(tools_key(TOOLS))
+    assert 4.0 < est.wave_scale["slots"] < 5.0 and est.wave_scale["index"] == 1.0    # an index wave: one forward
+    assert gate.decide(WAVE, TOOLS).kind != "slots"          # the same hints no longer pay for such a wave
+    assert gate.estimates("another tool set").wave_scale["slots"] == 1.0      # other toolboxes keep the model's price
+    # a wave that took what was priced leaves the scale where it was; no priced latency (0) teaches nothing
+    gate = WaveGate(SPLIT, prior_weight=1.0)
+    gate.observe(replace(_outcome("slots", accepted=1, after=50, wave_s=0.8), model_latency_s=0.8))
+    gate.observe(_outcome("slots", accepted=1, after=50, wave_s=9.0))
+    assert gate.estimates(tools_key(TOOLS)).wave_scale["slots"] == pytest.approx(1.0)
+    # an index wave faster than priced does not make the toolbox's slots waves look cheaper (as it once did here:
+    # an `AddMeeting` slots wave priced 1.01 s -> 0.88 s after an index wave, then took 1.62 s)
+    gate.observe(replace(_outcome("index", accepted=0, after=50, wave_s=0.1), model_latency_s=0.3))
+    est = gate.estimates(tools_key(TOOLS))
+    assert est.wave_scale["index"] == pytest.approx((0.1 + 0.5) / (0.3 + 0.5)) and est.wave_scale["slots"] == 1.0
 
 
 def test_a_slow_tool_makes_the_slots_wave_pay_in_an_agent_loop():
@@ -278,6 +316,8 @@ def test_outcome_of_reads_the_request():
     assert o.wave_s == pytest.approx(1.1) and o.client_s == pytest.approx(0.003)
     assert o.interference == pytest.approx((0.0, 0.8 * 0.1 / 1.1))   # that step took its idle time: nothing lost
     assert o.verbatim == (("get_weather", "city", True),)
+    assert o.values == (("get_weather", "city", 5),)            # what a wave decodes for that slot, learnt
+    assert o.model_latency_s == d.model_latency_s > 0            # what the gate priced the wave at
 
 
 # ------------------------------------------------------------------------------------------ the hooks
