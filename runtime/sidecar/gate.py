@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ooospec.runtime import schemas
 from ooospec.runtime.sidecar import prompts as sp
+from ooospec.runtime.sidecar.protocol import only_tool
 
 if TYPE_CHECKING:
     from ooospec.runtime.sidecar.outcome import WaveOutcome
@@ -280,7 +281,7 @@ def decide(wave: sp.Wave, tools: Sequence[Any], est: Estimates,
                Option("slots", index + tuple(kept), len(wave.block), cached, forwards)]
     if not kept:
         options.pop()            # slots would be the index wave again
-    if len(tools) == 1:
+    if only_tool(tools):
         options.pop(1)           # one tool: its name is known (the schema FSM drafts it); an index wave buys nothing
     scored = {o.kind: (expected_saving_s(o, est), expected_cost_s(o, est)) for o in options}
     candidates = options[1:] if probe and len(options) > 1 else options     # nothing to probe: skip
