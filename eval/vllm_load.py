@@ -51,6 +51,7 @@ from ooospec.eval.bench_data import load_examples
 from ooospec.eval.vllm_load_exact import classify_levels, compare_rows
 from ooospec.eval.vllm_runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
 from ooospec.pipelines.records import write_json
+from ooospec.pipelines.sources.openai_chat import openai_messages
 from ooospec.reporting import fmt_cell, md_table, pct
 from ooospec.runtime.methods import REGISTRY, VLLM_BENCH_METHODS, VLLM_REFERENCE, drafting_with, get_method
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
@@ -103,27 +104,6 @@ def validate(args) -> None:
         raise SystemExit(f"--chain-cost-slope must be >= 0, got {args.chain_cost_slope}")
     if drafting_with("suffix", args.order) and importlib.util.find_spec("arctic_inference") is None:
         raise SystemExit(f"--methods: {drafting_with('suffix', args.order)[0]} needs the arctic-inference package")
-
-
-def openai_messages(messages: list[dict]) -> list[dict]:
-    """A record's messages as OpenAI's API takes them: tool calls ``{id, type, function: {name, arguments as
-    JSON text}}`` (records keep the arguments as objects, and may keep bare ``{name, arguments}`` calls), each tool
-    result answering the call before it by id."""
-    out, last_ids = [], []
-    for i, msg in enumerate(messages):
-        msg = dict(msg)
-        if msg.get("tool_calls"):
-            calls = []
-            for j, tc in enumerate(msg["tool_calls"]):
-                fn = tc.get("function", tc)
-                text = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"])
-                calls.append({"id": f"call_{i}_{j}", "type": "function", "function": {"name": fn["name"],
-                                                                                      "arguments": text}})
-            msg["tool_calls"], last_ids = calls, [c["id"] for c in calls]
-        elif msg["role"] == "tool" and "tool_call_id" not in msg and last_ids:
-            msg["tool_call_id"] = last_ids.pop(0)
-        out.append(msg)
-    return out
 
 
 def request_body(record: dict, model: str, max_new_tokens: int, stream: bool, history: str | None = None) -> dict:

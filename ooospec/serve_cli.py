@@ -2,11 +2,14 @@
 
     ooospec serve --target qwen2.5-coder-0.5b [--method toolspec|ooospec|ar] [--sidecar http://127.0.0.1:8765]
                   [--host 127.0.0.1] [--port 8000] [--threads auto] [--dtype auto]
+                  [--call-log PATH [--call-log-max-mb 256] [--call-log-backups 3]]
 
 ``--method`` defaults to ``ooospec`` with ``--sidecar`` (hints from that running sidecar server, e.g. ``ooospec
 sidecar serve``), ``toolspec`` without. Sessions keep each conversation's KV across its turns (``--max-sessions``)
 and a prefix cache keeps shared system + tools blocks (``--prefix-cache-mb``); ``--no-sessions`` prefills every
-request whole. See :mod:`ooospec.runtime.serve.chat_app` for the protocol and the limits.
+request whole. ``--call-log`` appends each finished request that showed tools (its tools, messages and the answer)
+to a JSON-lines file, rotated by size (:mod:`ooospec.runtime.call_log`); off by default. See
+:mod:`ooospec.runtime.serve.chat_app` for the protocol and the limits.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from ooospec.runtime.call_log import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, CallLog
 from ooospec.runtime.methods import OOOSPEC, SERVED, TOOLSPEC, default_served, get_method
 from ooospec.runtime.sidecar import deployments
 
@@ -41,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sessions", dest="sessions", action="store_false",
                    help="prefill every request from scratch (stateless)")
     p.add_argument("--cache", type=Path, default=None, help="model cache root (default $OOOSPEC_CACHE)")
+    p.add_argument("--call-log", type=Path, default=None, metavar="PATH",
+                   help="append each finished request with tools (tools, messages, the answer's calls) to this "
+                        "JSON-lines file, for `ingest` (off by default; prompts may hold personal data)")
+    p.add_argument("--call-log-max-mb", type=int, default=DEFAULT_MAX_BYTES >> 20, metavar="N",
+                   help="rotate the call log before it grows past N MiB (default %(default)s)")
+    p.add_argument("--call-log-backups", type=int, default=DEFAULT_BACKUPS, metavar="K",
+                   help="rotated call logs kept: PATH.1 ... PATH.K (default %(default)s)")
     p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                    help="override a request limit (repeatable), e.g. --limit max_tokens=4096; the keys are the "
                         "fields of runtime/serve/chat_app.py's Limits (the README's Reliability table)")
@@ -63,6 +74,9 @@ def run_cli(args: argparse.Namespace) -> int:
         limits = override_limits(Limits(), args.limit)
     except ValueError as e:
         raise SystemExit(str(e)) from e
+    if args.call_log is not None and (args.call_log_max_mb < 1 or args.call_log_backups < 0):
+        raise SystemExit(f"--call-log-max-mb {args.call_log_max_mb} (>= 1) / --call-log-backups "
+                         f"{args.call_log_backups} (>= 0)")
     try:
         threads = resolve_threads(args.threads)[0]
     except ValueError as e:
@@ -80,5 +94,12 @@ def run_cli(args: argparse.Namespace) -> int:
     sidecar = SidecarClient(args.sidecar, gate=gate) if args.sidecar else None
     chat = ChatModel(model, tok, method=method, sidecar=sidecar, sessions=sessions)
     serve(chat, model_name=args.served_name or args.target, host=args.host, port=args.port or DEFAULT_PORT,
-          limits=limits)
+          limits=limits, call_log=call_log(args))
     return 0
+
+
+def call_log(args: argparse.Namespace) -> CallLog | None:
+    """The call log ``--call-log`` asks for, or None (the default: nothing written, no thread)."""
+    if args.call_log is None:
+        return None
+    return CallLog(args.call_log, max_bytes=args.call_log_max_mb << 20, backups=args.call_log_backups)

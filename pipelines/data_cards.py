@@ -64,12 +64,13 @@ def dedupe_cards(stats: dict, ingest_stats: dict | None, cards_dir: Path) -> Non
     lines.append(_table(["reason", "source", "records"], rows) if rows else "Nothing.\n")
     atomic_write_text(cards_dir / "train.md", "\n".join(lines))
 
+    eval_sets = stats.get("eval_sets") or stats["params"]["eval_sets"]
     for bench, e in stats["eval"].items():
-        src = stats["params"]["eval_sets"][bench].split("/")[0]
+        src = eval_sets[bench].split("/")[0]
         license_, upstream = lic.get(src, ("?", "?"))
         text = [HEADER.format(cmd="dvc repro dedupe", metrics="metrics/dedupe.json"),
                 f"# Dataset card: `data/dedupe/eval/{bench}.jsonl`\n",
-                (f"Held-out benchmark from `{stats['params']['eval_sets'][bench]}`, kept as published "
+                (f"Held-out benchmark from `{eval_sets[bench]}`, kept as published "
                 "(no training record shares a normalized request, a (request, call) pair or a source dialogue "
                 "with it).\n"),
                 _table(["records", "gold calls", "normalized duplicates inside", "dropped"],

@@ -19,6 +19,11 @@ Steps:
    comes from the same source dialogue as an evaluation record (``meta.dialogue``: API-Bank's level-1/2 tests are
    cut from the lv1/lv2 sample dialogues), or if it carries a benchmark's tool docs (``meta.bfcl_distractor``).
 
+Your own sources (``ingest.user_sources``, whose records carry ``meta.user_source``) need no entry here: their
+split ``heldout`` (whole conversations, chosen at ingest) is the benchmark named like the source, and their split
+``train`` is training data, checked for duplicates and leaks like the rest (so a training request that repeats a
+held-out one is removed). ``train_splits: []`` trains on your data alone.
+
 Input lines go through :func:`records.load_records` (the records validation of ingest): a bad line fails the stage
 with ``file:line``, the reason and the field, or with ``on_reject: skip`` is left out and counted (``input`` in the
 metrics).
@@ -30,6 +35,7 @@ produced dataset (``data_cards/train.md``, ``data_cards/eval/<benchmark>.md``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -102,6 +108,17 @@ def dialogue_key(rec: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- the stage
+
+def with_user_sources(params: DedupeParams, records: list[dict]) -> DedupeParams:
+    """``params`` with each user source's ``heldout`` split as the benchmark named like it and its ``train`` split
+    as training (a user source's records carry ``meta.user_source``, set by ingest)."""
+    users = sorted({r["source"] for r in records if (r.get("meta") or {}).get("user_source")})
+    clash = sorted(set(users) & set(params.eval_sets))
+    if clash:
+        raise ValueError(f"user source(s) {clash} are named like a benchmark of dedupe.eval_sets: rename them")
+    return dataclasses.replace(params, eval_sets={**params.eval_sets, **{u: f"{u}/heldout" for u in users}},
+                               train_splits=tuple(params.train_splits) + tuple(f"{u}/train" for u in users))
+
 
 def route(params: DedupeParams, records: list[dict]) -> tuple[dict[str, list[dict]], list[dict], Counter]:
     """Records in id order -> ({benchmark: records}, training records, {"source/split": count} of the unused)."""
@@ -178,8 +195,10 @@ def filter_train(params: DedupeParams, train_in: list[dict],
 
 def dedupe(params: DedupeParams, records: list[dict]) -> tuple[list[dict], dict[str, list[dict]], dict]:
     """Split records into (train, {benchmark: records}, stats). Pure: no I/O."""
+    params = with_user_sources(params, records)
     evals, train_in, unused = route(params, records)
-    stats: dict = {"eval": {}, "train": {}, "unused_splits": dict(sorted(unused.items()))}
+    stats: dict = {"eval": {}, "train": {}, "unused_splits": dict(sorted(unused.items())),
+                   "eval_sets": dict(sorted(params.eval_sets.items()))}
     for bench in sorted(params.eval_sets):
         evals[bench], stats["eval"][bench] = benchmark(params, evals.get(bench, []))
     train, removed = filter_train(params, train_in, evals)

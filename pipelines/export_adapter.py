@@ -185,6 +185,29 @@ sets were held out before training.
 """
 
 
+def data_seen_section(metrics: dict[str, dict]) -> str:
+    """``## Data it saw``: the adapter it continued from, and per source the training records it kept (dedupe),
+    the source's kind, place and license (ingest: your own sources carry their path / Hub id and revision)."""
+    init = (metrics.get("train_sidecar") or {}).get("init_adapter")
+    kept = ((metrics.get("dedupe") or {}).get("train") or {}).get("output_by_source") or {}
+    sources = (metrics.get("ingest") or {}).get("sources") or {}
+    rows = []
+    for name in sorted(set(kept) | {n for n, s in sources.items() if "user" in s}):
+        st = sources.get(name, {})
+        user = st.get("user")
+        kind = f"yours: {user['kind']} ({user['schema']})" if user else "built-in"
+        where = (f"{user['path']}" + (f"@{user['revision']}" if user.get("revision") else "")) if user else \
+            st.get("upstream", "?")
+        rows.append((name, kind, where, st.get("license", "?"), kept.get(name, 0)))
+    lines = []
+    if init:
+        lines.append(f"Continued from the adapter `{init['path']}` (sha256 {init['sha256'][:12]}), whose own card "
+                     "lists the data it was trained on; then trained on:\n")
+    if rows:
+        lines.append(md_table(["source", "kind", "from", "license", "training records"], [list(r) for r in rows]))
+    return "## Data it saw\n\n" + ("\n".join(lines) if lines else "_No ingest / dedupe metrics found._") + "\n"
+
+
 def _usage_section(base_id: str) -> str:
     """``## How to load``: with peft, and with ooo-spec's one-pass wave."""
     return f"""## How to load
@@ -233,6 +256,7 @@ adapter only drafts: the target stays the sole verifier, so outputs equal the ta
 `{base_id}` (loaded as `{recipe['base']}`; frozen weights `{recipe['dtype']}`, bf16 autocast
 `{recipe.get('autocast')}`: bf16 where the CPU/GPU multiplies it natively).
 
+{data_seen_section(metrics)}
 {_training_section(metrics)}
 ## Recipe
 

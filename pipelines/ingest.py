@@ -7,13 +7,18 @@
    the download cache, else a download from the pinned commits; :mod:`ooospec.pipelines.sources.fetch`) and checks
    every raw file of the selected sources against the committed sha256 lock (``pipelines/sources.lock.json``);
    a missing or changed file stops the stage with the list of offending paths.
-2. Runs each source parser (``pipelines/sources/<name>.py``), validates every record (tools are JSON Schema, gold
-   calls validate against their tool), and writes ``records.jsonl`` and ``rejects.jsonl`` (both sorted by id),
-   ``metrics/ingest.json`` (counts per source, split and reject reason) and the data card ``data_cards/ingest.md``.
+2. Runs each source parser (``pipelines/sources/<name>.py``), then each of your own sources
+   (``ingest.user_sources``: call logs and JSON-lines conversations, Hugging Face datasets in the xlam, hermes,
+   glaive or OpenAI chat layouts; :mod:`ooospec.pipelines.sources.user`), validates every record (tools are JSON
+   Schema, gold calls validate against their tool), and writes ``records.jsonl`` and ``rejects.jsonl`` (both sorted
+   by id), ``metrics/ingest.json`` (counts per source, split and reject reason) and the data card
+   ``data_cards/ingest.md``.
 
-A record that fails is never dropped silently: it goes to the rejects file with its reason and detail. With
-``on_reject: fail`` any reject fails the stage; with ``skip`` (default) the stage fails only when a source rejects more
-than ``max_reject_fraction`` of its items (a parser that broke on new data should not pass quietly).
+A record that fails is never dropped silently: it goes to the rejects file with its reason and detail (a user
+source's names the file and line, or the dataset row, and the field). With ``on_reject: fail`` any reject fails the
+stage; with ``skip`` (default) the stage fails only when a source rejects more than ``max_reject_fraction`` of its
+items (a parser that broke on new data should not pass quietly). A user source has its own ``on_reject`` and
+``max_reject_fraction``. A stage that fails writes its rejects and metrics (to read why) but no ``records.jsonl``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ooospec.pipelines.records import (
     write_json,
     write_jsonl,
 )
+from ooospec.pipelines.sources import user as user_sources
+from ooospec.pipelines.sources.user import SourceUnavailable, UserSource
 
 LOCK_FILE = Path(__file__).with_name("sources.lock.json")
 
@@ -48,6 +55,7 @@ class IngestParams:
     on_reject: str = "skip"                      # skip | fail
     max_reject_fraction: float = 0.05            # per source, when on_reject == skip
     max_reject_fraction_by_source: dict = field(default_factory=dict)   # overrides, e.g. {toolalpaca: 0.12}
+    user_sources: tuple[UserSource, ...] = ()    # your own data (pipelines/sources/user.py)
 
     def __post_init__(self):
         if self.on_reject not in ("skip", "fail"):
@@ -55,6 +63,9 @@ class IngestParams:
         unknown = sorted(set(self.sources) - set(source_registry.SOURCES))
         if unknown:
             raise ValueError(f"ingest.sources: unknown source(s) {unknown}; known: {sorted(source_registry.SOURCES)}")
+        names = [u.name for u in self.user_sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ingest.user_sources: names must be unique, got {names}")
 
 
 class LockMismatch(RuntimeError):
@@ -111,16 +122,29 @@ def raw_root(params: IngestParams, names: list[str], lock: dict[str, str]) -> Pa
 
 
 def ingest_source(name: str, folder: Path) -> tuple[list[dict], list[dict], dict]:
-    """Parse one source's ``folder`` and validate every record: ``(records, rejects, stats)``, in parser order.
+    """Parse one built-in source's ``folder`` and validate every record: ``(records, rejects, stats)``."""
+    mod = source_registry.load(name)
+    return collect(name, mod.parse(folder), getattr(mod, "LICENSE", "?"), getattr(mod, "UPSTREAM", "?"))
+
+
+def ingest_user_source(spec: UserSource) -> tuple[list[dict], list[dict], dict]:
+    """:func:`ingest_source` for one of ``ingest.user_sources``; raises SourceUnavailable when it cannot be read."""
+    records, rejects, stats = collect(spec.name, user_sources.parse(spec), spec.license, spec.upstream)
+    stats["user"] = {"kind": spec.kind, "schema": spec.schema, "path": spec.path, "revision": spec.revision,
+                     "heldout_fraction": spec.heldout_fraction}
+    return records, rejects, stats
+
+
+def collect(name: str, items, license_: str, upstream: str) -> tuple[list[dict], list[dict], dict]:
+    """Validate what a parser yields: ``(records, rejects, stats)``, in parser order.
 
     A record that fails :func:`records.validate_record`, or repeats an id, becomes a reject with that reason.
     """
-    mod = source_registry.load(name)
     records, rejects = [], []
     per_split: dict[str, Counter] = defaultdict(Counter)
     reasons: Counter = Counter()
     seen_ids: set[str] = set()
-    for item in tqdm(mod.parse(folder), desc=f"ingest {name}", unit="rec", leave=False):
+    for item in tqdm(items, desc=f"ingest {name}", unit="rec", leave=False):
         if isinstance(item, Reject):
             rej = item.to_json()
         else:
@@ -144,42 +168,56 @@ def ingest_source(name: str, folder: Path) -> tuple[list[dict], list[dict], dict
         "parsed": parsed, "rejected": rejected, "reject_fraction": round(rejected / max(1, parsed + rejected), 4),
         "rejects_by_reason": dict(sorted(reasons.items())),
         "splits": {s: dict(sorted(c.items())) for s, c in sorted(per_split.items())},
-        "license": getattr(mod, "LICENSE", "?"), "upstream": getattr(mod, "UPSTREAM", "?"),
+        "license": license_, "upstream": upstream,
     }
     return records, rejects, stats
 
 
 def reject_failure(params: IngestParams, name: str, rejected: int, frac: float) -> str | None:
-    """Why a source's rejects fail the stage (``on_reject``, ``max_reject_fraction``), or None."""
-    if params.on_reject == "fail" and rejected:
+    """Why a source's rejects fail the stage (``on_reject``, ``max_reject_fraction``; a user source's own), or None."""
+    user = {u.name: u for u in params.user_sources}.get(name)
+    on_reject = user.on_reject if user else params.on_reject
+    limit = user.max_reject_fraction if user else params.max_reject_fraction_by_source.get(
+        name, params.max_reject_fraction)
+    if on_reject == "fail" and rejected:
         return f"{name}: {rejected} rejects (on_reject=fail)"
-    if frac > (limit := params.max_reject_fraction_by_source.get(name, params.max_reject_fraction)):
+    if frac > limit:
         return f"{name}: reject fraction {frac:.1%} > max_reject_fraction {limit:.1%}"
     return None
+
+
+def report(name: str, st: dict) -> None:
+    parsed, rejected, reasons = st["parsed"], st["rejected"], st["rejects_by_reason"]
+    frac = rejected / max(1, parsed + rejected)
+    print(f"ingest {name:<11} parsed {parsed:>6}  rejected {rejected:>5} ({frac:.1%})"
+          + (f"  {reasons}" if reasons else ""), file=sys.stderr)
 
 
 def run(params: IngestParams, out_dir: Path, *, metrics_path: Path, card_path: Path | None,
         lock: dict[str, str] | None = None, check: bool = True) -> dict:
     names = list(params.sources)
     lock = json.loads(LOCK_FILE.read_text()) if lock is None else lock
-    root = raw_root(params, names, lock)
-    if check:
-        check_lock(root, names, lock)
+    parsed_sources = []
+    if names:
+        root = raw_root(params, names, lock)
+        if check:
+            check_lock(root, names, lock)
+        parsed_sources += [(name, lambda n=name: ingest_source(n, root / source_registry.SOURCES[n][1]))
+                           for name in names]
+    parsed_sources += [(u.name, lambda u=u: ingest_user_source(u)) for u in params.user_sources]
 
     records: list[dict] = []
     rejects: list[dict] = []
     stats: dict = {"sources": {}}
     failures = []
-    for name in names:
-        recs, rejs, st = ingest_source(name, root / source_registry.SOURCES[name][1])
+    for name, parse in parsed_sources:
+        recs, rejs, st = parse()
         records += recs
         rejects += rejs
         stats["sources"][name] = st
-        parsed, rejected, reasons = st["parsed"], st["rejected"], st["rejects_by_reason"]
-        frac = rejected / max(1, parsed + rejected)
-        print(f"ingest {name:<11} parsed {parsed:>6}  rejected {rejected:>5} ({frac:.1%})"
-              + (f"  {reasons}" if reasons else ""), file=sys.stderr)
-        if (failure := reject_failure(params, name, rejected, frac)) is not None:
+        report(name, st)
+        frac = st["rejected"] / max(1, st["parsed"] + st["rejected"])
+        if (failure := reject_failure(params, name, st["rejected"], frac)) is not None:
             failures.append(failure)
 
     records.sort(key=lambda r: r["id"])
@@ -187,14 +225,15 @@ def run(params: IngestParams, out_dir: Path, *, metrics_path: Path, card_path: P
     stats["total"] = {"records": len(records), "rejects": len(rejects)}
     stats["params"] = as_dict(params)
     out_dir = Path(out_dir)
-    write_jsonl(out_dir / "records.jsonl", records)
     write_jsonl(out_dir / "rejects.jsonl", rejects)
     write_json(metrics_path, stats)
+    if failures:    # no records file: a failed stage leaves nothing a later stage could take for its output
+        (out_dir / "records.jsonl").unlink(missing_ok=True)
+        raise SystemExit("ingest failed:\n  " + "\n  ".join(failures) + f"\n(see {out_dir / 'rejects.jsonl'})")
+    write_jsonl(out_dir / "records.jsonl", records)
     if card_path is not None:
         from ooospec.pipelines.data_cards import ingest_card
         ingest_card(stats, card_path)
-    if failures:
-        raise SystemExit("ingest failed:\n  " + "\n  ".join(failures) + f"\n(see {out_dir / 'rejects.jsonl'})")
     return stats
 
 
@@ -206,7 +245,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    params = load_section(IngestParams, "ingest", args.params)
+    try:
+        params = load_section(IngestParams, "ingest", args.params)
+    except ValueError as e:
+        print(f"error: {args.params}: {e}", file=sys.stderr)
+        return 2
     if args.write_lock:
         if params.source == "auto":
             raise SystemExit("--write-lock pins the files of a folder you name: set ingest.source to it first")
@@ -216,7 +259,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return 0
     try:
         run(params, args.out_dir, metrics_path=args.metrics, card_path=args.card)
-    except LockMismatch as e:
+    except (LockMismatch, SourceUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -27,8 +27,9 @@ PARAMS_FILE = Path("params.yaml")
 def coerce(tp: Any, value: Any, where: str) -> Any:
     """Check a YAML value against a dataclass field type, strictly: ``"8"`` is not an int, ``1`` is not a bool.
 
-    The only conversions are the lossless ones YAML needs: an int widens to float, a list becomes a tuple.
-    ``X | None`` accepts None; ``Literal[...]`` accepts its values. Raises ValueError naming ``where``.
+    The only conversions are the lossless ones YAML needs: an int widens to float, a list becomes a tuple, a
+    mapping becomes a (frozen) dataclass field's type by :func:`from_dict`. ``X | None`` accepts None;
+    ``Literal[...]`` accepts its values. Raises ValueError naming ``where``.
     """
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -71,6 +72,12 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{where} must be a mapping, got {value!r}")
         return value
+    if dataclasses.is_dataclass(tp):        # a nested section: the same strict rules, named by its path
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a mapping, got {value!r}")
+        return from_dict(tp, value, where)
     return value
 
 
@@ -83,7 +90,10 @@ def from_dict(cls: type[T], data: dict | None, section: str = "") -> T:
                          f"known: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {k: coerce(hints[k], v, f"{section or cls.__name__}.{k}") for k, v in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:      # a required field left out (a nested section without its defaults)
+        raise ValueError(f"params.yaml {section or cls.__name__!r}: {e}") from None
 
 
 def read_params(path: Path = PARAMS_FILE) -> dict:

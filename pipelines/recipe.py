@@ -48,6 +48,9 @@ class Recipe:
     lora_dropout: float = 0.05
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     init_lora_weights: bool = True  # False = random B too (tests: a non-identity adapter from step 0)
+    # continue from a trained sidecar adapter folder (e.g. adapters/sidecar) instead of a fresh LoRA: its base must be
+    # this recipe's, its layout the rows', its rank lora_r; its LoRA weights train on (in fp32)
+    init_adapter: str | None = None
     # optimisation
     learning_rate: float = 2e-4
     lr_scheduler_type: str = "cosine"
@@ -105,7 +108,7 @@ class Recipe:
 
 # Fields added after runs were checkpointed: left out of a run's fingerprint while at their default, so those runs
 # still resume (see ooospec.pipelines.train_sidecar.run_fingerprint).
-LATER_FIELDS = {"loss_weight_function_index": 1.0, "loss_weight_null": 1.0}
+LATER_FIELDS = {"loss_weight_function_index": 1.0, "loss_weight_null": 1.0, "init_adapter": None}
 
 
 def recipe_from_dict(data: dict, source: str = "<dict>") -> Recipe:

@@ -115,6 +115,37 @@ def lora_config(recipe: Recipe):
                       bias="none", task_type="CAUSAL_LM")
 
 
+def check_init_adapter(recipe: Recipe, layout: int) -> str:
+    """The sha256 of ``recipe.init_adapter``'s weights, once it fits: the recipe's base and rank, the rows' layout.
+    Raises ValueError saying what does not fit."""
+    folder = Path(recipe.init_adapter)
+    meta = sp.read_metadata(folder)
+    problems = []
+    if meta.get("base") != recipe.base:
+        problems.append(f"its base is {meta.get('base')!r}, the recipe's {recipe.base!r}")
+    if meta.get("layout_version") != layout:
+        problems.append(f"it learned prompt layout {meta.get('layout_version')}, the rows are layout {layout}")
+    rank = json.loads((folder / "adapter_config.json").read_text()).get("r")
+    if rank != recipe.lora_r:
+        problems.append(f"its LoRA rank is {rank}, the recipe's lora_r {recipe.lora_r}")
+    if problems:
+        raise ValueError(f"init_adapter {str(folder)!r} does not fit: " + "; ".join(problems))
+    return sha256_file(folder / "adapter_model.safetensors")
+
+
+def continued_adapter(model, recipe: Recipe):
+    """``model`` with ``recipe.init_adapter``'s LoRA loaded trainable, its weights in fp32 (a bf16 export would
+    otherwise train in bf16)."""
+    import torch
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(model, recipe.init_adapter, is_trainable=True)
+    for param in peft_model.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(torch.float32)
+    return peft_model
+
+
 def resolve_autocast(recipe: Recipe, threads: int) -> tuple[bool, str]:
     """``(bf16 autocast on?, reason)`` for the recipe's ``autocast`` on this machine."""
     if recipe.autocast == "none":
@@ -208,7 +239,10 @@ def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, outpu
     from transformers import Trainer
 
     torch.manual_seed(seed)  # LoRA A init (and B when init_lora_weights=False)
-    peft_model = get_peft_model(model, lora_config(recipe))
+    if recipe.init_adapter:
+        peft_model = continued_adapter(model, recipe)
+    else:
+        peft_model = get_peft_model(model, lora_config(recipe))
     data = Dataset.from_list([{**s, "length": len(s["input_ids"])} for s in sequences])
     collator = PackedCollator(tokenizer.pad_token_id, mask_dtype=model.dtype)
     trainer_class = _weighted_trainer_class() if "label_weights" in sequences[0] else Trainer
@@ -266,6 +300,8 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
 
     out_dir, metrics_path = Path(out_dir), Path(metrics_path)
     recipe_source = params.recipe if recipe is None else "<given>"
+    if recipe is not None and recipe.init_adapter is not None and recipe_source == "<given>":
+        recipe_source = f"{params.recipe} (init_adapter {recipe.init_adapter})"
     recipe = recipe or load_recipe(params.recipe)
     seed_everything(params.seed)
     procs = Processes.from_env()
@@ -276,6 +312,11 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     if not (all_rows := read_request_rows(train_path)):
         raise ValueError(f"{train_path}: no request rows to train on")
     layout = rows_layout(all_rows, f"{train_path}: request rows")   # what the adapter learns (sidecar.json)
+    data_sha = sha256_file(Path(train_path))
+    init = None
+    if recipe.init_adapter:       # checked before the base loads; a continued run resumes only from that adapter
+        init = {"path": recipe.init_adapter, "sha256": check_init_adapter(recipe, layout)}
+        data_sha += ":" + init["sha256"]
     chosen = select_requests(all_rows, params.max_train_requests, params.seed)
     model, tok = load_base(recipe, threads)
     sequences, pack, cut = training_sequences(tok, chosen, recipe, procs)
@@ -283,7 +324,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     logger.info("bf16 autocast %s (%s); threads %d (%s)", "on" if bf16 else "off", autocast_why, threads,
                 threads_why)
 
-    fingerprint = run_fingerprint(params, recipe, sha256_file(Path(train_path)), layout)
+    fingerprint = run_fingerprint(params, recipe, data_sha, layout)
     trainer = build_trainer(model, tok, sequences, recipe, out_dir / "checkpoints", params.seed, bf16)   # joins
     resume_from = resume_point(trainer, out_dir / "checkpoints", fingerprint, params.resume)
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
@@ -294,6 +335,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "base": recipe.base,
         "base_model_id": recipe.base_model_id,
         "recipe": recipe_source,
+        "init_adapter": init,
         "layout_version": layout,
         "requests": {"available": len(all_rows), "trained": len(chosen)},
         "slots": {"trained": pack.slots - pack.slots_dropped, "dropped_too_long": pack.slots_dropped,
@@ -399,9 +441,12 @@ def sidecar_metadata(recipe: Recipe, metrics: dict) -> dict:
     """``adapter/sidecar.json``: what the runtime needs to load and trust the adapter (the layout it learned,
     :func:`~ooospec.runtime.sidecar.prompts.read_metadata` checks it: the layout of the rows it trained on; its
     base)."""
-    return {**sp.layout_metadata(metrics["layout_version"]), "base": recipe.base, "base_model_id": recipe.base_model_id,
+    meta = {**sp.layout_metadata(metrics["layout_version"]), "base": recipe.base, "base_model_id": recipe.base_model_id,
             "lora_r": recipe.lora_r, "requests_trained": metrics["requests"]["trained"],
             "slots_trained": metrics["slots"]["trained"], "steps": metrics["steps"]}
+    if recipe.init_adapter:
+        meta["continued_from"] = recipe.init_adapter
+    return meta
 
 
 def _sort_target_modules(config_path: Path) -> None:
@@ -435,6 +480,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-train-requests", type=int, default=None,
                         help="override params' max_train_requests (0 = all)")
     parser.add_argument("--threads", type=int, default=None, help="override params' threads (0 = all cores)")
+    parser.add_argument("--init-adapter", default=None, metavar="DIR",
+                        help="continue from this sidecar adapter (overrides the recipe's init_adapter; 'none': a "
+                             "fresh LoRA)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -448,7 +496,11 @@ def run_cli(args: argparse.Namespace) -> int:
         params = dataclasses.replace(params, max_train_requests=args.max_train_requests)
     if args.threads is not None:
         params = dataclasses.replace(params, threads=args.threads)
-    m = run(params, args.train, args.out_dir, args.metrics)
+    recipe = None
+    if args.init_adapter:
+        recipe = dataclasses.replace(load_recipe(params.recipe),
+                                     init_adapter=None if args.init_adapter == "none" else args.init_adapter)
+    m = run(params, args.train, args.out_dir, args.metrics, recipe=recipe)
     if main_process:
         print(f"train_sidecar: {m['requests']['trained']} requests ({m['sequences']} sequences), {m['steps']} steps, "
               f"loss {m['final_loss']}, {m['train_seconds']:.0f}s -> {Path(args.out_dir) / 'adapter'}")

@@ -30,6 +30,11 @@ Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` befo
 4xx and an OpenAI-style ``{"error": {...}}`` body): body size (413) and the time it may take to arrive (408),
 messages, tools, prompt tokens, ``max_tokens`` (400), unknown model (404), waiting requests (429). One
 generation runs at a time (the model is not shared between threads); ``/health`` answers meanwhile.
+
+Call log (off unless ``create_app(..., call_log=CallLog(path))`` / ``ooospec serve --call-log PATH``): each
+finished request that showed tools -- its tools, its messages and the answer with the ids the client got -- goes to
+:class:`~ooospec.runtime.call_log.CallLog` once the answer is complete, from the handler (the writer thread does
+the disk work); cancelled and failed requests are not recorded.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from ooospec.runtime.agent.chat import ChatModel, ChatTurn, PreparedTurn
+from ooospec.runtime.call_log import SERVE, CallLog
 from ooospec.runtime.serve.admission import TransportLimits, admitted, read_request, watched
 from ooospec.runtime.serve.http import RequestError, add_error_handlers, is_loopback, server_config
 
@@ -155,8 +161,8 @@ class _ChatRoutes:
     """The app's routes and what they share: the model, its served name, the limits, the one worker (one generation
     at a time: the model and sessions are not shared) and the queue counts ``/health`` reports."""
 
-    def __init__(self, chat: ChatModel, model_name: str, limits: Limits):
-        self.chat, self.model_name, self.limits = chat, model_name, limits
+    def __init__(self, chat: ChatModel, model_name: str, limits: Limits, call_log: CallLog | None):
+        self.chat, self.model_name, self.limits, self.call_log = chat, model_name, limits, call_log
         self.worker = anyio.CapacityLimiter(1)
         self.state = {"waiting": 0, "running": 0}
 
@@ -181,10 +187,18 @@ class _ChatRoutes:
         message, finish = assistant_message(turn)
         logger.info("chat turn: %d prompt tokens (%d cached, %s), %d new, %.2f s", turn.prompt_tokens,
                     turn.cached_tokens, turn.origin, turn.completion_tokens, time.perf_counter() - t_arrival)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.log_call(req, message, response_id)
+        return {"id": response_id, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [{"index": 0, "message": message, "finish_reason": finish,
                                                        "logprobs": None}],
                 "usage": usage(turn), "ooospec": turn_stats(turn, queue_s)}
+
+    def log_call(self, req: ChatCompletionRequest, message: dict, response_id: str) -> None:
+        """Hand a finished request with tools to the call log, when there is one (it never blocks)."""
+        if self.call_log is not None and req.tools:
+            self.call_log.record(req.tools, req.messages, message, model=self.model_name, source=SERVE,
+                                 request_id=response_id)
 
     async def parse(self, request: Request) -> tuple[ChatCompletionRequest, PreparedTurn, int]:
         """The request, its prepared turn and its ``max_tokens``; :class:`RequestError` (4xx) when refused."""
@@ -245,7 +259,10 @@ class _ChatRoutes:
                 yield _sse({"error": {"message": f"generation failed: {type(e).__name__}", "type": "server_error",
                                       "code": 500}})
                 return
-            for line in _last_chunks(base, turn, sent, (req.stream_options or {}).get("include_usage")):
+            message, finish = assistant_message(turn)
+            self.log_call(req, message, base["id"])
+            include_usage = (req.stream_options or {}).get("include_usage")
+            for line in _last_chunks(base, message, finish, sent, usage(turn) if include_usage else None):
                 yield line
         finally:
             gone = True                    # a closed stream (client gone) ends the generation at its next token
@@ -280,26 +297,27 @@ async def _text_pieces(task: asyncio.Future, deltas: asyncio.Queue) -> AsyncIter
             sent = text
 
 
-def _last_chunks(base: dict, turn: ChatTurn, sent: str, include_usage: bool) -> list[str]:
-    """The events after a finished turn: the tool calls or the content not sent yet, the finish reason, the usage
-    when asked, ``[DONE]``."""
-    message, finish = assistant_message(turn)
+def _last_chunks(base: dict, message: dict, finish: str, sent: str, turn_usage: dict | None) -> list[str]:
+    """The events after a finished turn: the tool calls or the content not sent yet (``message``), the finish
+    reason, the usage when given, ``[DONE]``."""
     out = []
     if message.get("tool_calls"):
         out.append(_chunk(base, {"tool_calls": [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]}))
     elif message["content"] != sent:
         out.append(_chunk(base, {"content": message["content"].removeprefix(sent)}))
     out.append(_chunk(base, {}, finish))
-    if include_usage:
-        out.append(_sse({**base, "choices": [], "usage": usage(turn)}))
+    if turn_usage is not None:
+        out.append(_sse({**base, "choices": [], "usage": turn_usage}))
     out.append("data: [DONE]\n\n")
     return out
 
 
-def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -> FastAPI:
-    """The FastAPI app serving ``chat`` under the name ``model_name``."""
+def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits(),
+               call_log: CallLog | None = None) -> FastAPI:
+    """The FastAPI app serving ``chat`` under the name ``model_name``; ``call_log``: where finished requests with
+    tools are recorded (None: nowhere). The caller closes it."""
     app = FastAPI(title="ooo-spec chat", docs_url=None, redoc_url=None)
-    routes = _ChatRoutes(chat, model_name, limits)
+    routes = _ChatRoutes(chat, model_name, limits, call_log)
     app.get("/health")(routes.health)
     app.get("/v1/models")(routes.models)
     app.post("/v1/chat/completions")(routes.completions)
@@ -308,14 +326,21 @@ def create_app(chat: ChatModel, *, model_name: str, limits: Limits = Limits()) -
 
 
 def serve(chat: ChatModel, *, model_name: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          limits: Limits = Limits()) -> None:
-    """Serve ``chat`` until SIGINT/SIGTERM (warns when ``host`` is not loopback: there is no authentication)."""
+          limits: Limits = Limits(), call_log: CallLog | None = None) -> None:
+    """Serve ``chat`` until SIGINT/SIGTERM (warns when ``host`` is not loopback: there is no authentication);
+    ``call_log`` is closed (drained) at shutdown."""
     import uvicorn
 
     if not is_loopback(host):
         logger.warning("serving on %s: the chat server has no authentication; keep it on loopback (127.0.0.1) "
                        "unless the network is yours", host)
-    app = create_app(chat, model_name=model_name, limits=limits)
+    app = create_app(chat, model_name=model_name, limits=limits, call_log=call_log)
     logger.info("chat server for %s (method %s) on http://%s:%d/v1", model_name, chat.method, host, port)
-    uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,
-                                 grace_s=limits.shutdown_grace_s)).run()
+    if call_log is not None:
+        logger.info("recording requests with tools in %s", call_log.path)
+    try:
+        uvicorn.Server(server_config(app, host=host, port=port, keep_alive_s=limits.keep_alive_s,
+                                     grace_s=limits.shutdown_grace_s)).run()
+    finally:
+        if call_log is not None:
+            call_log.close()

@@ -5,12 +5,12 @@
   class vLLM builds (``speculative_config.model = "ooospec.runtime.vllm.OoOSpecProposer"``).
 * :mod:`~ooospec.runtime.vllm.xargs`: a request's ``extra_args``, checked and bounded before anything is built.
 * :mod:`~ooospec.runtime.vllm.plugin`: the ``vllm.general_plugins`` entry point that hands the proposer request ids
-  and ``extra_args``.
+  and ``extra_args``, and records chat requests in the call log when ``OOOSPEC_CALL_LOG`` is set.
 
 Importing this package does not import vLLM.
 
-May import: the drafters, the budget, ``methods``, ``decoding``, ``schemas``, ``formats`` and the sidecar
-(client, prompts, gate); nothing else in ``runtime`` imports it.
+May import: the drafters, the budget, ``methods``, ``decoding``, ``schemas``, ``formats``, ``call_log`` and the
+sidecar (client, prompts, gate); nothing else in ``runtime`` imports it.
 """
 
 from ooospec.runtime.vllm.proposer import ChainProposer, OoOSpecProposer, ProposerConfig

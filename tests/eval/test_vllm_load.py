@@ -13,6 +13,7 @@ import pytest
 from ooospec import cli
 from ooospec.eval import vllm_load as vl
 from ooospec.eval import vllm_runs
+from ooospec.pipelines.sources.openai_chat import openai_messages
 
 RECORD = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
           "messages": [{"role": "user", "content": "hi"},
@@ -102,7 +103,7 @@ def test_request_bodies_are_openai_chat_completions():
 
 
 def test_a_bare_call_becomes_an_openai_call():
-    msgs = vl.openai_messages([{"role": "assistant", "content": "", "tool_calls": [{"name": "g", "arguments": {}}]}])
+    msgs = openai_messages([{"role": "assistant", "content": "", "tool_calls": [{"name": "g", "arguments": {}}]}])
     assert msgs[0]["tool_calls"][0]["function"] == {"name": "g", "arguments": "{}"}
 
 

@@ -30,6 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[2]
 CLI_MODULE = "ooospec.cli"  # [project.scripts] ooospec = "ooospec.cli:main"
 MODULE_IN_CMD = re.compile(r"-m\s+(ooospec(?:\.\w+)+)(?:\s+([\w-]+))?")
+CD = re.compile(r"\s*cd\s+(\S+)\s*&&")
 SCRIPT_IN_CMD = re.compile(r"(?:^|[;&|(]\s*)ooospec\s+([\w-]+)")
 
 
@@ -260,8 +261,9 @@ def test_stage_has_no_code_deps_it_does_not_import(address, modules, deps):
 
 
 def _stage_paths(root: Path = ROOT) -> list[tuple[str, str, list[str], list[str]]]:
-    """``(stage address, cmd, outs and metrics, data deps)`` of every stage of every dvc.yaml, paths relative to the
-    stage's wdir; data deps = deps that are neither the package's code nor params."""
+    """``(stage address, cmd, outs and metrics, data deps)`` of every stage of every dvc.yaml, paths relative to where
+    the cmd runs (the stage's wdir, or the folder a leading ``cd DIR &&`` moves to: pipelines/own/dvc.yaml's stages
+    run from the repository root); data deps = deps that are neither the package's code nor params."""
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
@@ -271,8 +273,11 @@ def _stage_paths(root: Path = ROOT) -> list[tuple[str, str, list[str], list[str]
             cmd = " ".join(stage.cmd) if isinstance(stage.cmd, list) else (stage.cmd or "")
             if not cmd:
                 continue
-            outs = [Path(os.path.relpath(o.fs_path, stage.wdir)).as_posix() for o in stage.outs]
-            data = [Path(os.path.relpath(d.fs_path, stage.wdir)).as_posix() for d in stage.deps
+            cwd = stage.wdir          # where the cmd runs: the wdir, or where a leading `cd DIR &&` takes it
+            if (m := CD.match(cmd)) is not None:
+                cwd = os.path.normpath(os.path.join(stage.wdir, m.group(1)))
+            outs = [Path(os.path.relpath(o.fs_path, cwd)).as_posix() for o in stage.outs]
+            data = [Path(os.path.relpath(d.fs_path, cwd)).as_posix() for d in stage.deps
                     if not isinstance(d, ParamsDependency)
                     and not _is_code_dep(Path(os.path.relpath(d.fs_path, root)).as_posix())]
             dvcfile = Path(os.path.relpath(stage.dvcfile.path, root)).as_posix()
@@ -293,6 +298,9 @@ INPUT_EXCEPTIONS = {
     ("train_sidecar", "recipes/cpu_qwen2.5-coder-0.5b.yaml"): "the recipe the stage's params file names",
     ("transfer", "data/dedupe/eval"): "the benchmarks params' transfer.benchmarks names",
     ("transfer", "adapters/sidecar"): "the adapter params' transfer.sidecar_adapter names",
+    ("ingest", "data/user"): "your call logs, which ingest.user_sources[].path names (pipelines/own/params.yaml)",
+    ("ingest", "eval/own_toolbox/apibank-l1.calls.jsonl"): "the replayed call log, which the experiment's "
+                                                           "ingest.user_sources[].path names",
 }
 
 

@@ -12,7 +12,8 @@ functions, a schema 5,000 levels deep, wrong types) get that same answer, the se
 and it logs the proposer's metrics (faults included). Streamed tool calls put back together equal the plain
 non-streamed answer; ``OOOSPEC_DISCONNECTS`` (default 2,000) streamed requests dropped after their first chunk leave
 no request state in the proposer and its memory flat; requests that vLLM preempts (a KV space of a few blocks) get
-the answers they get alone. Every server runs with vLLM's prefix caching on.
+the answers they get alone; with ``OOOSPEC_CALL_LOG`` set, the call log holds each request with the answer the client
+got, streamed or not. Every server runs with vLLM's prefix caching on.
 """
 
 from __future__ import annotations
@@ -76,17 +77,17 @@ def test_drafts_inside_vllm_keep_its_greedy_output(tmp_path, model_dir):
 
 @contextmanager
 def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "bfloat16",
-                max_model_len: int = 2048, extra: tuple[str, ...] = ()):
+                max_model_len: int = 2048, extra: tuple[str, ...] = (), env: dict | None = None):
     """``vllm serve`` with the proposer (``options``: its ``--additional-config`` ``ooospec`` section), prefix
-    caching on (vLLM's default), logging to ``log_path``; ``extra``: more server flags. Yields ``(openai client,
-    port, process)`` once it answers."""
+    caching on (vLLM's default), logging to ``log_path``; ``extra``: more server flags; ``env``: more environment
+    variables. Yields ``(openai client, port, process)`` once it answers."""
     import openai
 
     from ooospec.runtime.sidecar.process import free_port
 
     port = free_port()
     spec = {"method": "custom_class", "model": "ooospec.runtime.vllm.OoOSpecProposer", "num_speculative_tokens": 16}
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                              "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), *extra,
@@ -129,6 +130,24 @@ def test_vllm_serve_with_the_plugin_answers_an_openai_client(tmp_path, model_dir
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         accepted = [ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode_num_accepted_tokens_total")]
         assert accepted and float(accepted[0].split()[-1]) > 0, "no draft token was accepted"
+
+
+def test_the_call_log_records_what_the_client_got(tmp_path, model_dir):
+    """``OOOSPEC_CALL_LOG``: one line per request with tools, streamed or not, holding the answer the client got."""
+    path = tmp_path / "logs" / "calls.jsonl"
+    with vllm_server(tmp_path / "serve.log", model_dir, {"method": "ooospec"},
+                     env={"OOOSPEC_CALL_LOG": str(path)}) as (client, _, _):
+        got = [answer(client, model_dir), streamed(client, model_dir)]
+        deadline = time.time() + 30
+        while len(path.read_text().splitlines() if path.exists() else ()) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 2
+    for line, (text, calls) in zip(lines, got):
+        assert line["tools"] == TOOLS and line["messages"][:-1] == MESSAGES and line["source"] == "vllm"
+        last = line["messages"][-1]
+        assert (last["content"] or "", [(tc["function"]["name"], tc["function"]["arguments"])
+                                        for tc in last.get("tool_calls", ())]) == (text, calls)
 
 
 def _nested_tools(depth: int) -> str:
