@@ -101,8 +101,9 @@ class VllmChat:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ooospec.runtime.agent.chat import normalize_messages, system_tools_block
+        from ooospec.runtime.agent.chat import system_tools_block
         from ooospec.runtime.formats import common
+        from ooospec.runtime.formats.messages import normalize_messages
 
         self.llm.reset_prefix_cache()
         block = system_tools_block(self.fmt, self.tokenizer, normalize_messages(messages),
@@ -114,9 +115,10 @@ class VllmChat:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ooospec.runtime.agent.chat import ChatTurn, normalize_messages
+        from ooospec.runtime.agent.chat import ChatTurn
         from ooospec.runtime.engine import GenerationResult
         from ooospec.runtime.formats import common
+        from ooospec.runtime.formats.messages import normalize_messages
 
         messages = normalize_messages(messages)
         tools = common.wrap_tools(list(tools)) if tools else []

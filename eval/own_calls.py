@@ -27,8 +27,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ooospec.pipelines.records import load_records, read_jsonl
-from ooospec.pipelines.sources.openai_chat import openai_messages
 from ooospec.runtime.calls import canonical_json
+from ooospec.runtime.formats.messages import openai_messages
 
 
 def request_key(messages: list[dict], tools: list[dict]) -> str:

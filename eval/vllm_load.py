@@ -51,8 +51,8 @@ from ooospec.eval.bench_data import load_examples
 from ooospec.eval.vllm_load_exact import classify_levels, compare_rows
 from ooospec.eval.vllm_runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
 from ooospec.pipelines.records import write_json
-from ooospec.pipelines.sources.openai_chat import openai_messages
 from ooospec.reporting import fmt_cell, md_table, pct
+from ooospec.runtime.formats.messages import openai_messages
 from ooospec.runtime.methods import REGISTRY, VLLM_BENCH_METHODS, VLLM_REFERENCE, drafting_with, get_method
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 

@@ -11,7 +11,8 @@
 # untimed requests first (a seeded random N of those after the LIMIT timed ones).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
-#   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE
+# BENCH_DIR reads BENCHES from another folder than data/dedupe/eval (your own held-out requests: eval/reports/own-calls/).
+#   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / BENCH_DIR / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-eval/reports/vllm-dedicated}
@@ -37,6 +38,8 @@ WARMUP=${WARMUP:-0}
 WARMUP_FLAG=
 [ "$WARMUP" != 0 ] && WARMUP_FLAG="--gate-warmup $WARMUP"
 ADD=${ADD:-}                   # ADD=--add: only METHODS, added to (replacing in) an existing results file
+BENCH_DIR_FLAG=
+[ -n "${BENCH_DIR:-}" ] && BENCH_DIR_FLAG="--benchmark-dir $BENCH_DIR"
 mkdir -p "$OUT"
 if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
   echo "port $PORT already serves something (an earlier sidecar still shutting down?): stop it or set PORT" >&2
@@ -48,7 +51,7 @@ start_sidecar "$SIDECAR_VENV/bin" "$OUT/sidecar_server.log" "$PORT" --adapter "$
 curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do
   for b in $BENCHES; do
-    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" $CACHE_FLAG \
+    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" $BENCH_DIR_FLAG --limit "$LIMIT" $CACHE_FLAG \
       --methods "$METHODS" $ADD --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" $WARMUP_FLAG \
       --sidecar-wave "$WAVE" --threads "$THREADS" --max-new-tokens 128 --out "$OUT/${t}_${b}_${CACHE}.json"
   done

@@ -135,7 +135,8 @@ def parse(spec: UserSource) -> Iterator[dict | Reject]:
 def openai_chat_items(spec: UserSource) -> Iterator[dict | Reject]:
     files = local_files(spec.path)
     if not files:
-        raise SourceUnavailable(f"user source {spec.name!r}: no file matches path {spec.path!r}")
+        raise SourceUnavailable(f"user source {spec.name!r}: no file matches path {spec.path!r} (log some traffic "
+                                "first: `ooospec serve --call-log FILE`, or OOOSPEC_CALL_LOG=FILE for vLLM)")
     split = split_of(spec.name, spec.heldout_fraction)
     left = spec.limit
     for f in files:

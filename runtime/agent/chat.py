@@ -49,6 +49,7 @@ from ooospec.runtime.drafters.hint_source import HintInputs, resolve_hints
 from ooospec.runtime.drafters.hints import CallGuess, HintDrafter
 from ooospec.runtime.engine import GenerationResult
 from ooospec.runtime.formats import common, detect_format
+from ooospec.runtime.formats.messages import normalize_messages
 from ooospec.runtime.methods import TOOLSPEC, get_method
 from ooospec.runtime.tokens import common_prefix_len
 
@@ -89,54 +90,6 @@ def system_tools_block(fmt, tokenizer, messages: Sequence[dict], tools: Sequence
     a, b = (tokenizer(fmt.render_prompt(tokenizer, head + [{"role": "user", "content": c}], list(tools)),
                       add_special_tokens=False)["input_ids"] for c in _PROBES)
     return list(a[:common_prefix_len(a, b)])
-
-
-def normalize_messages(messages: Sequence[Any]) -> list[dict]:
-    """OpenAI chat messages as the records and chat templates take them; raises ValueError naming the message.
-
-    ``content`` None becomes ``""``, a list of text parts is joined; an assistant's ``tool_calls`` become
-    ``[{"type": "function", "function": {"name", "arguments": dict}}]`` (arguments given as a JSON string are
-    parsed). Keys other than role / content / tool_calls / name / tool_call_id are dropped.
-    """
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise ValueError(f"messages[{i}]: expected an object, got {type(msg).__name__}")  # noqa: TRY004
-        role = msg.get("role")
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise ValueError(f"messages[{i}].role: expected system, user, assistant or tool, got {str(role)[:40]!r}")
-        norm: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                "content": _text_content(msg.get("content"), i)}
-        for key in ("name", "tool_call_id"):
-            if isinstance(msg.get(key), str):
-                norm[key] = msg[key]
-        if role == "assistant" and msg.get("tool_calls"):
-            norm["tool_calls"] = [_tool_call(tc, i, j) for j, tc in enumerate(msg["tool_calls"])]
-        out.append(norm)
-    return out
-
-
-def _text_content(content: Any, i: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ValueError(f"messages[{i}].content: expected a string or a list of text parts")
-
-
-def _tool_call(tc: Any, i: int, j: int) -> dict:
-    call = common.to_call(tc) if isinstance(tc, dict) else None
-    if call is None:
-        raise ValueError(f"messages[{i}].tool_calls[{j}]: expected {{\"type\": \"function\", \"function\": "
-                         f"{{\"name\", \"arguments\"}}}} with arguments a JSON object (or its JSON text)")
-    return {"type": "function", "function": call}
 
 
 def forced_opening(fmt, tool_choice: Any, tool_names: Sequence[str]) -> str:

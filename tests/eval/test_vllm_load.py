@@ -13,7 +13,7 @@ import pytest
 from ooospec import cli
 from ooospec.eval import vllm_load as vl
 from ooospec.eval import vllm_runs
-from ooospec.pipelines.sources.openai_chat import openai_messages
+from ooospec.runtime.formats.messages import openai_messages
 
 RECORD = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
           "messages": [{"role": "user", "content": "hi"},

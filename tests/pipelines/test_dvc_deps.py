@@ -299,8 +299,13 @@ INPUT_EXCEPTIONS = {
     ("transfer", "data/dedupe/eval"): "the benchmarks params' transfer.benchmarks names",
     ("transfer", "adapters/sidecar"): "the adapter params' transfer.sidecar_adapter names",
     ("ingest", "data/user"): "your call logs, which ingest.user_sources[].path names (pipelines/own/params.yaml)",
-    ("ingest", "eval/own_toolbox/apibank-l1.calls.jsonl"): "the replayed call log, which the experiment's "
-                                                           "ingest.user_sources[].path names",
+    ("ingest", "eval/own_toolbox/apibank.calls.jsonl"): "the replayed call log, which the experiment's "
+                                                        "ingest.user_sources[].path names",
+    ("transfer", "data/own/dedupe/eval/calls.jsonl"): "your held-out requests, which transfer.benchmarks names",
+    ("transfer", "models/own/sidecar/hub"): "the tuned adapter, which transfer.sidecar_adapter names",
+    ("transfer", "data/own_toolbox/dedupe/eval/apibank-log.jsonl"): "the stand-in's held-out requests "
+                                                                    "(transfer.benchmarks)",
+    ("transfer", "models/own_toolbox/q05-all/hub"): "the tuned adapter (transfer.sidecar_adapter)",
 }
 
 
