@@ -37,8 +37,8 @@ def test_recipe_loads_validates_and_shows_its_launch_command(path):
     assert first.startswith("#")
     assert "ooospec.pipelines.train_sidecar" in path.read_text().split("\nbase:")[0]
     # the paper: one epoch, then frozen; a recipe that continues a trained adapter on a small log of your own calls
-    # passes over it twice
-    assert recipe.num_train_epochs == (2.0 if recipe.init_adapter else 1.0)
+    # passes over it twice (mixed with the built-in data: once)
+    assert recipe.num_train_epochs == (2.0 if recipe.init_adapter and "_mix" not in path.name else 1.0)
     assert recipe.report_to == "wandb"
 
 
@@ -102,11 +102,12 @@ def test_the_full_params_set_is_the_shipped_adapters_recipe():
     assert yaml.safe_load((root / "pipelines" / "sidecar_full.yaml").read_text())["full"]["base"] == recipe.base
 
 
-def test_the_continue_recipe_fits_the_shipped_adapter():
-    """recipes/cpu_qwen2.5-coder-0.5b_continue.yaml continues adapters/sidecar: same base, same rank, layout 3."""
+@pytest.mark.parametrize("name", ["cpu_qwen2.5-coder-0.5b_continue.yaml", "cpu_qwen2.5-coder-0.5b_mix.yaml"])
+def test_the_continue_recipes_fit_the_shipped_adapter(name):
+    """The 0.5B continue and mix recipes continue adapters/sidecar: same base, same rank, layout 3."""
     from ooospec.pipelines.train_sidecar import check_init_adapter
 
-    r = load_recipe(RECIPES / "cpu_qwen2.5-coder-0.5b_continue.yaml")
+    r = load_recipe(RECIPES / name)
     assert r.init_adapter == "adapters/sidecar"
     assert len(check_init_adapter(r, layout=3)) == 64
     with pytest.raises(ValueError, match="the rows are layout 2"):

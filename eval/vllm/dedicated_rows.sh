@@ -11,7 +11,7 @@
 # untimed requests first (a seeded random N of those after the LIMIT timed ones).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
-# BENCH_DIR reads BENCHES from another folder than data/dedupe/eval (your own held-out requests: eval/reports/own-calls/).
+# BENCH_DIR reads BENCHES from another folder than data/dedupe/eval (your own held-out requests: data/own_toolbox/dedupe/eval, eval/reports/own-calls/).
 #   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / BENCH_DIR / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,7 +1,8 @@
 """`dvc repro pipelines/own/dvc.yaml` end to end on your own data: an OpenAI chat log and Hugging Face files in the
 xlam, hermes and glaive layouts (local files that datasets loads as it loads a Hub dataset), a tiny base built in
 code, through ingest, dedupe, teacher, normalize, expand_slots, train (continued from an adapter), eval on the
-held-out conversations, export and the learning-curve report."""
+held-out conversations, export, the transfer cell (toolspec and the tuned sidecar's wave on the tiny base) and the
+learning-curve report."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ def params(proj: Path, base: Path) -> dict:
         "train_sidecar": {"recipe": "tiny_recipe.yaml", "threads": 1},
         "eval_sidecar": {"max_requests": 4, "max_new_tokens": 4, "max_forwards": 40, "threads": 1, "dtype": "fp32"},
         "export_adapter": {"weights_dtype": "fp32"},
+        "transfer": {"targets": [str(base)], "benchmarks": ["data/own/dedupe/eval/calls.jsonl"],
+                     "methods": ["toolspec", "ooospec-wave-first"], "sidecar_adapter": "models/own/tuned/hub",
+                     "limit": 1, "max_new_tokens": 8, "dtype": "fp32", "threads": 1, "roofline": False,
+                     "warm_tools": True, "report_to": "none", "bootstrap_resamples": 50},
     }
 
 
@@ -117,8 +122,11 @@ def test_dvc_repro_of_your_own_calls_runs_end_to_end(tmp_path):
         assert json.loads((proj / f"metrics/own/runs/{name}.heldout.json").read_text())["requests"] >= 1
     card = (proj / "models/own/tuned/hub/README.md").read_text()
     assert "## Data it saw" in card and "data/user/calls.jsonl*" in card and "models/seed/adapter" in card
+    moved = json.loads((proj / "metrics/own/transfer.json").read_text())
+    assert moved and (proj / "eval_out/transfer").is_dir(), moved
     curve = json.loads((proj / "eval_out/learning_curve.json").read_text())
     assert {r["run"] for r in curve["rows"]} == {"tuned", "start"}
+    assert curve["ceiling"]["requests"] == len(held) and curve["ceiling"]["training_requests"] == len(train)
     assert (proj / "eval_out/learning_curve.png").stat().st_size > 0
     again = subprocess.run([*dvc, "status", "pipelines/own/dvc.yaml"], cwd=proj, env=env, capture_output=True,
                            text=True, check=True)
