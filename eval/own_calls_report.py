@@ -53,8 +53,7 @@ def curve_rows(runs: Path) -> list[dict]:
         name = heldout.name.removesuffix(".heldout.json")
         ev = json.loads(heldout.read_text())
         train_file = runs / f"{name}.train.json"
-        train = json.loads(train_file.read_text()) if train_file.exists() else None
-        train = train or {}
+        train = json.loads(train_file.read_text()) if train_file.exists() else {}
         row = {"run": name, "base": ev.get("base"), "adapter": ev.get("adapter"),
                "continued_from": (train.get("init_adapter") or {}).get("path"),
                "requests_trained": (train.get("requests") or {}).get("trained", 0),
@@ -84,13 +83,8 @@ def gains(rows: list[dict]) -> list[dict]:
 
 
 def _conversation_text(record: dict) -> str:
-    parts = []
-    for m in record.get("messages", []):
-        content = m.get("content")
-        if isinstance(content, list):           # OpenAI content parts
-            content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
-        parts.append(str(content or ""))
-    return "\n".join(parts)
+    """The messages' text (records are normalized at ingest: every content a string)."""
+    return "\n".join(str(m.get("content") or "") for m in record.get("messages", []))
 
 
 def _value_text(value) -> str:
@@ -135,6 +129,12 @@ def copy_ceiling(heldout: list[dict], train: list[dict]) -> dict:
             "seen_in_training": known, "neither": values - copied - known, "requests_within_reach": within}
 
 
+def _next_tool_step(prev: list[dict], messages: list[dict]) -> bool:
+    """``messages`` continue ``prev`` by the assistant's call and the tool's result only (the rule by which
+    :mod:`ooospec.eval.agent_replay` chains API-Bank's steps into one dialogue)."""
+    return messages[:len(prev)] == prev and [m.get("role") for m in messages[len(prev):]] == ["assistant", "tool"]
+
+
 def dialogue_shape(heldout: list[dict]) -> dict:
     """How agent-like the held-out conversations are: dialogues (``meta.dialogue``), those with two calls or more,
     and those where a call follows the previous call's tool result directly (no user turn between: the agent loop
@@ -152,13 +152,12 @@ def dialogue_shape(heldout: list[dict]) -> dict:
     for recs in by.values():
         recs.sort(key=lambda r: len(r.get("messages") or []))
         multi += sum(len(r.get("calls") or []) for r in recs) >= 2
-        chained += any([m.get("role") for m in b["messages"][len(a["messages"]):]] == ["assistant", "tool"]
-                       for a, b in itertools.pairwise(recs))
+        chained += any(_next_tool_step(a["messages"], b["messages"]) for a, b in itertools.pairwise(recs))
     return {"dialogues": len(by), "with_two_calls_or_more": multi, "with_back_to_back_calls": chained}
 
 
 def ceiling_lines(c: dict) -> list[str]:
-    """The copy ceiling in two report lines."""
+    """The copy ceiling (and, where measured, the dialogues' shape) as report lines."""
     def share(key: str, total: int) -> str:
         return f"{c[key]} ({100 * c[key] / max(total, 1):.0f}%)"
 

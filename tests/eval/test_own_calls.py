@@ -82,7 +82,7 @@ def test_the_learning_curve_report(tmp_path):
 def test_copy_ceiling_sorts_each_value_by_where_it_comes_from():
     held = [{"messages": [{"role": "user", "content": "alarm at 6:30 for Jane"}],
              "calls": [{"name": "A", "arguments": {"who": "Jane", "at": "06:30", "tok": "t1", "n": None}}]},
-            {"messages": [{"role": "user", "content": [{"type": "text", "text": "2 rooms"}]}],
+            {"messages": [{"role": "user", "content": "2 rooms"}],
              "calls": [{"name": "B", "arguments": {"rooms": 2}}]}]
     train = [{"calls": [{"name": "A", "arguments": {"tok": "t1"}}, {"name": "B", "arguments": {"who": "Jane"}}]}]
     c = own_calls_report.copy_ceiling(held, train)
@@ -100,6 +100,7 @@ def test_dialogue_shape_finds_back_to_back_calls():
 
     user_between = {"meta": {"dialogue": "c"}, "calls": [{}], "messages": [
         {"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}, {"role": "user"}]}
+    other_history = turn("d", 1) | {"messages": [{"role": "user", "content": "else"}, *turn("d", 1)["messages"][1:]]}
     shape = own_calls_report.dialogue_shape([turn("a", 1), turn("a", 0), turn("b", 0, calls=2),
-                                             turn("c", 0), user_between])
-    assert shape == {"dialogues": 3, "with_two_calls_or_more": 3, "with_back_to_back_calls": 1}
+                                             turn("c", 0), user_between, turn("d", 0), other_history])
+    assert shape == {"dialogues": 4, "with_two_calls_or_more": 4, "with_back_to_back_calls": 1}
