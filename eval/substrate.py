@@ -125,8 +125,9 @@ def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repe
             "decode_tok_s": {"ours": statistics.median(ours_dec), "llama.cpp": statistics.median(peer_dec)}}
 
 
-def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
-    """One row of the report: forward times, batch-shape numerics, and prefill / decode next to llama.cpp."""
+def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0, forward_only: bool = False) -> dict:
+    """One row of the report: forward times, batch-shape numerics, and prefill / decode next to llama.cpp
+    (``forward_only``: the forward times alone)."""
     from ooospec.runtime.backends.llamacpp import LlamaCppTarget, batch_shape_diff
 
     target = LlamaCppTarget(gguf, threads=threads, n_ctx=2048)
@@ -135,6 +136,9 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0) -> dict:
     prompt = [rng.randrange(100, vocab) for _ in range(CONTEXT)]
     out: dict = {"file": gguf.name, "weights": target.weight_type, "bytes": gguf.stat().st_size}
     out["T_ms"] = forward_times(target, prompt, repeats, rng)
+    if forward_only:
+        target.close()
+        return out
     # 16 tokens (the model's own continuation) in one forward vs one at a time, on a CONTEXT-token prompt
     out["batch_vs_single"] = dataclasses.asdict(batch_shape_diff(target, context=CONTEXT, chain=16, seed=seed))
     out.update(prefill_and_decode(target, gguf, threads, prompt, repeats))
@@ -170,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           f"requantizations from {sorted(FTYPES)}")
     p.add_argument("--threads", default="auto")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--forward-only", action="store_true",
+                   help="only T(n) (the roofline table's input), no numerics or prefill / decode rows")
     p.add_argument("--out", type=Path, required=True, help="results JSON (a .md table is written beside it)")
     p.add_argument("--cache", default=None)
     args = p.parse_args(argv)
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for fmt in [f.strip() for f in args.formats.split(",") if f.strip()]:
         path = src if fmt == "registry" else requantized(src, fmt)
         print(f"measuring {path.name} ({threads} threads) ...", file=sys.stderr, flush=True)
-        rows.append(measure_file(path, threads, args.repeats))
+        rows.append(measure_file(path, threads, args.repeats, forward_only=args.forward_only))
     info = hardware.cpu_info()
     result = {"target": args.target, "threads": threads, "cpu": info["model"], "cpu_flags": info["flags"],
               "context": CONTEXT, "decode_tokens": DECODE, "rows": rows,
@@ -189,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(args.out)
     table = (f"{args.target}, {threads} threads, {info['model']} ({' '.join(info['flags'])}); "
-             f"T(n) on a {CONTEXT}-token context; regenerate: `{result['command']}`\n\n" + markdown(rows))
+             f"T(n) on a {CONTEXT}-token context; regenerate: `{result['command']}`\n\n"
+             + (json.dumps({r["file"]: r["T_ms"] for r in rows}) if args.forward_only else markdown(rows)))
     args.out.with_suffix(".md").write_text(table)
     print(table)
     return 0

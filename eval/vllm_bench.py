@@ -172,13 +172,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ooospec.runtime.backends.fetch import REGISTRY, fetch
+    from ooospec.runtime.backends.quantize import target_folder
     from ooospec.runtime.formats import detect_format
 
     order = methods_to_run(args.methods)
     # offline: the engine in this process, no busy second process
     vllm_cpu_env(args.threads, kvcache_gb=2, multiprocessing=bool(args.serve_lora))
-    args.model_dir = str(fetch(args.target, args.cache)) if args.target in REGISTRY else args.target
+    try:
+        args.model_dir = str(target_folder(args.target, args.quantized, args.cache))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)

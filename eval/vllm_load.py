@@ -444,14 +444,18 @@ def add_arguments(p) -> None:
 
 
 def run_cli(args) -> int:
-    from ooospec.runtime.backends import fetch as models
+    from ooospec.runtime.backends.fetch import REGISTRY as MODELS
     from ooospec.runtime.backends.hardware import vllm_cpu_env
+    from ooospec.runtime.backends.quantize import target_folder
 
     validate(args)
     records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit)
-    args.model_dir = str(models.fetch(args.target, args.cache)) if args.target in models.REGISTRY else args.target
+    try:
+        args.model_dir = str(target_folder(args.target, args.quantized, args.cache))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
     if not Path(args.model_dir).is_dir():
-        raise SystemExit(f"--target {args.target!r}: not a registry model ({', '.join(models.REGISTRY)}) nor a folder")
+        raise SystemExit(f"--target {args.target!r}: not a registry model ({', '.join(MODELS)}) nor a folder")
     vllm_cpu_env(args.threads, KVCACHE_GB, multiprocessing=True)
     saved = Path(str(args.out) + ".rows")
     runs = measure(args, records, saved)

@@ -140,7 +140,7 @@ def render(folder: Path) -> str:
     env = found[0]["env"]
     cpu = env["cpu"]
     mixed = len({caching(cell["env"]) for cell in found}) > 1
-    head = (f"vLLM {env['vllm']}, {env['dtype']}, {env['threads']} threads, batch 1, "
+    head = (f"vLLM {env['vllm']}, {weights_label(env)}, {env['threads']} threads, batch 1, "
             f"{'caching per row' if mixed else caching(env)}, "
             f"k = {env['k']} (ngram {env['ngram_k']}), up to {env.get('max_new_tokens', '?')} new tokens; "
             f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}")
@@ -172,10 +172,20 @@ def method_label(name: str) -> str:
     return f"{name} (EMULATED)" if emulated else name
 
 
+def weights_label(env: dict) -> str:
+    """The engine's weights: its dtype, and the quantization scheme when the checkpoint is quantized.
+
+    >>> weights_label({"dtype": "bfloat16"}), weights_label({"dtype": "bfloat16", "quantization": {"scheme": "w8a8"}})
+    ('bfloat16', 'w8a8 (the rest bfloat16)')
+    """
+    q = env.get("quantization")
+    return f"{q['scheme']} (the rest {env['dtype']})" if q else env["dtype"]
+
+
 def render_table(results: dict) -> str:
     """One vllm-bench run's table: per method its times, speedups, #MAT, acceptance and exactness."""
     env = results["env"]
-    head = (f"{results['target']} on {results['dataset']}: vLLM {env['vllm']}, {env['dtype']}, {env['threads']} "
+    head = (f"{results['target']} on {results['dataset']}: vLLM {env['vllm']}, {weights_label(env)}, {env['threads']} "
             f"threads, batch 1, {caching(env)}, k={env['k']} (ngram {env['ngram_k']})")
     rows = []
     for name, s in results["methods"].items():

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ooospec.runtime.backends.quantize import SCHEMES as QUANT_SCHEMES
+from ooospec.runtime.backends.quantize import quantization_of
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
 from ooospec.runtime.sidecar.deployments import WAVE_FIRST as WAVE_FIRST_DEPLOYMENT
 from ooospec.runtime.sidecar.prompts import SERVED_NAME
@@ -74,6 +76,9 @@ def add_engine_arguments(p) -> None:
     """The vLLM engine options every vLLM bench takes (``p``: an argparse parser)."""
     p.add_argument("--threads", type=int, default=2, help="CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-(N-1))")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quantized", default=None, choices=sorted(QUANT_SCHEMES), metavar="SCHEME",
+                   help="run the target's quantized checkpoint from the cache (`ooospec models quantize TARGET "
+                        f"--scheme SCHEME`; {', '.join(QUANT_SCHEMES)}) instead of its bf16 weights")
     p.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the ooo-spec methods")
     p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
     p.add_argument("--chain-cost-slope", type=float, default=0.02)
@@ -622,7 +627,9 @@ def environment(args) -> dict:
         except PackageNotFoundError:
             continue
     return {"vllm": vllm_version, "python": platform.python_version(), "cpu": cpu_info(),
-            "threads": args.threads, "dtype": args.dtype, "k": args.k, "ngram_k": getattr(args, "ngram_k", None),
+            "threads": args.threads, "dtype": args.dtype,
+            "quantization": quantization_of(args.model_dir) if getattr(args, "model_dir", None) else None,
+            "k": args.k, "ngram_k": getattr(args, "ngram_k", None),
             "max_model_len": getattr(args, "max_model_len", None), "max_new_tokens": args.max_new_tokens,
             "prefix_caching": bool(getattr(args, "warm_tools", False)),
             "warm_tools": bool(getattr(args, "warm_tools", False)),

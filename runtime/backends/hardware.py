@@ -61,6 +61,24 @@ def cpu_info() -> dict:
     return {"model": model, "flags": sorted(f for f in flags if f in REPORTED_FLAGS), "cores": available_cores()}
 
 
+def cpu_class(model: str, flags: list[str] | set[str]) -> str:
+    """A short name of the CPU class a figure was measured on: vendor line and the widest matrix ISA.
+
+    >>> cpu_class("Intel(R) Xeon(R) Processor", ["amx_bf16", "avx512_bf16"]), cpu_class("AMD EPYC 9R14", ["avx2"])
+    ('xeon-amx', 'epyc-avx2')
+    """
+    vendor = next((v.lower() for v in ("Xeon", "EPYC", "Core", "Ryzen") if v in model), "cpu")
+    isa = next((name for flag, name in (("amx_bf16", "amx"), ("avx512_bf16", "avx512bf16"), ("avx512f", "avx512"),
+                                        ("avx2", "avx2")) if flag in flags), "baseline")
+    return f"{vendor}-{isa}"
+
+
+def cpu_tag() -> str:
+    """:func:`cpu_class` of this machine (the folder name of a per-CPU report)."""
+    info = cpu_info()
+    return cpu_class(info["model"], info["flags"])
+
+
 def available_cores() -> int:
     """The cores this process may run on (``os.sched_getaffinity``), not the machine's total."""
     try:

@@ -19,9 +19,10 @@ PACKAGE = "ooospec.eval"
 
 # command lines and stage entry points: flags, printing, writing files; nothing in eval/ imports them
 CLI_MODULES = {"bench", "agent_bench", "transfer", "sidecar_report", "sidecar_compare", "substrate", "hint_replay",
-               "vllm_bench", "sidecar_engines", "vllm_load", "own_calls"}
+               "vllm_bench", "sidecar_engines", "vllm_load", "own_calls", "vllm_substrate"}
 # report modules whose job is rendering (others import them) and which also carry a small command-line front
-REPORT_MODULES_WITH_CLI = {"bench_report", "transfer_report", "vllm_report", "own_calls_report"}
+REPORT_MODULES_WITH_CLI = {"bench_report", "transfer_report", "vllm_report", "own_calls_report", "roofline",
+                           "quantized_report", "call_quality"}
 # hand-written markdown tables left as they are, by (file, top-level definition): why each is not md_table's
 TABLE_EXCEPTIONS = {
     ("pipelines/export_adapter.py", "DATA_LICENSES"): "static license text, copied verbatim into the model card",

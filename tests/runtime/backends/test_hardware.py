@@ -103,3 +103,12 @@ def test_roofline_probes_are_cached_per_threads_dtype_and_cpu(tmp_path, monkeypa
     assert len(measured) == 7                                   # another CPU: both again
     on_disk = json.loads((tmp_path / "hardware.json").read_text())
     assert len(on_disk["peak_flops"]) == 4 and len(on_disk["read_bytes_per_s"]) == 3
+
+
+def test_cpu_class_names_vendor_and_widest_matrix_isa():
+    from ooospec.runtime.backends.hardware import cpu_class
+
+    assert cpu_class("Intel(R) Xeon(R) Processor", ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]) == "xeon-amx"
+    assert cpu_class("AMD EPYC 9R14 96-Core Processor", ["avx2", "avx512f", "avx512_bf16"]) == "epyc-avx512bf16"
+    assert cpu_class("AMD EPYC 7R32", ["avx2", "fma"]) == "epyc-avx2"
+    assert cpu_class("Apple M2", []) == "cpu-baseline"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The quantized-target report (eval/reports/quantized/<cpu>/): can toolspec inside vLLM on a quantized target beat
+# llama.cpp's greedy on the registry's Q4_K_M GGUF? Per target and benchmark, on the same 30 requests, 2 threads,
+# one run at a time, toolbox warm (WARM=0: cold): llama.cpp greedy (`ooospec bench`, main venv), then vLLM plain +
+# toolspec on each weight format (bf16 and the SCHEMES, `ooospec vllm-bench`, .venv-vllm); then what a forward costs
+# per format at 2 and 1 threads (vllm_substrate, substrate) and the roofline table. Resumable: a finished cell is
+# skipped. Needs .venv (llama.cpp), .venv-vllm (eval/vllm/setup_cpu.sh), .venv-quant (eval/vllm/setup_quant.sh).
+#   bash eval/vllm/cpu_quantized.sh && .venv/bin/python -m ooospec.eval.roofline eval/reports/quantized/<cpu>
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CPU_TAG=${CPU_TAG:-$(.venv/bin/python -c "from ooospec.runtime.backends.hardware import cpu_tag; print(cpu_tag())")}
+OUT=${OUT:-eval/reports/quantized/$CPU_TAG}
+TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
+BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
+SCHEMES=${SCHEMES:-w8a8}
+FORMATS=${FORMATS-"$SCHEMES bf16"}
+SUBSTRATE=${SUBSTRATE-"bf16,w8a8-rtn,w4a16-rtn"}   # formats timed per forward (same format, same cost: RTN)
+SUBSTRATE_THREADS=${SUBSTRATE_THREADS:-"2 1"}   # 1 and 2: the many-core model in eval/roofline.py fits on both
+LIMIT=${LIMIT:-30}
+WARM=${WARM:-1}
+WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
+METHODS=${METHODS:-vllm,toolspec}
+BF16_METHODS=${BF16_METHODS:-vllm}   # bf16: plain (the quality reference and what quantizing buys); add toolspec
+CALIBRATION=${CALIBRATION:-data/dedupe/train.jsonl}
+SAMPLES=${SAMPLES:-32}            # calibration records (GPTQ, SmoothQuant)
+[ "$WARM" = 1 ] || OUT="$OUT/cold"
+mkdir -p "$OUT"
+for t in $TARGETS; do
+  for s in $SCHEMES; do
+    .venv-quant/bin/ooospec models quantize "$t" --scheme "$s" --calibration "$CALIBRATION" --samples "$SAMPLES"
+  done
+  for b in $BENCHES; do
+    cell="$OUT/${t}_${b}"
+    if [ ! -f "$cell.llamacpp.json" ]; then
+      .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$LIMIT" --methods llama.cpp \
+        --threads 2 --max-new-tokens 128 --no-roofline $WARM_FLAG --out "$cell.llamacpp.json.partial"
+      mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
+    fi
+  done
+done
+for f in $FORMATS; do
+  for t in $TARGETS; do
+    for b in $BENCHES; do
+      cell="$OUT/$f/${t}_${b}"
+      [ -f "$cell.json" ] && continue
+      mkdir -p "$OUT/$f"
+      QUANT=$([ "$f" = bf16 ] || echo "--quantized $f")
+      M=$([ "$f" = bf16 ] && echo "$BF16_METHODS" || echo "$METHODS")
+      .venv-vllm/bin/ooospec vllm-bench --target "$t" $QUANT --dataset "$b" --limit "$LIMIT" --methods "$M" \
+        --threads 2 --max-new-tokens 128 $WARM_FLAG --llamacpp-bench "$OUT/${t}_${b}.llamacpp.json" --out "$cell.json"
+    done
+  done
+done
+[ "$WARM" = 1 ] && [ -n "$SUBSTRATE" ] || { echo QUANTIZED_DONE; exit 0; }
+for t in $TARGETS; do
+  for s in $(echo "$SUBSTRATE" | tr ',' ' '); do
+    [ "$s" = bf16 ] || .venv-quant/bin/ooospec models quantize "$t" --scheme "$s" --calibration "$CALIBRATION" --samples "$SAMPLES"
+  done
+done
+for threads in $SUBSTRATE_THREADS; do
+  for t in $TARGETS; do
+    f="$OUT/substrate_vllm_${t}_t$threads.json"
+    [ -f "$f" ] || .venv-vllm/bin/python -m ooospec.eval.vllm_substrate --target "$t" --formats "$SUBSTRATE" \
+      --threads "$threads" --out "$f"
+    f="$OUT/substrate_llamacpp_${t}_t$threads.json"
+    [ -f "$f" ] || .venv/bin/python -m ooospec.eval.substrate --target "$t" --formats registry,Q4_0 \
+      --threads "$threads" --forward-only --out "$f"
+  done
+done
+echo QUANTIZED_DONE

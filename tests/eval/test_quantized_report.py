@@ -1,0 +1,59 @@
+"""The quantized-target table from a folder shaped as eval/vllm/cpu_quantized.sh leaves it."""
+
+from __future__ import annotations
+
+import json
+
+from ooospec.eval import quantized_report
+
+CALL = {"name": "f", "arguments": {"x": 1}}
+GOOD = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+
+
+def _cell(scheme, mean, spec_mean, text):
+    env = {"cpu": {"model": "Test CPU", "cores": 2, "flags": ["avx2"]}, "vllm": "0.32.0", "threads": 2,
+           "dtype": "bfloat16", "warm_tools": True, "max_new_tokens": 128,
+           "quantization": {"scheme": scheme} if scheme != "bf16" else None}
+    methods = {"vllm": {"n": 2, "mean_s": mean},
+               "toolspec": {"n": 2, "mean_s": spec_mean, "speedup": mean / spec_mean, "vs_llamacpp": 3.0 / spec_mean,
+                            "mat": 4.0, "exact_rate": 1.0, "near_ties": 0, "defects": 0},
+               "llama.cpp": {"mean_s": 3.0}}
+    examples = [{"method": "vllm", "record_id": rid, "text": text} for rid in ("a", "b")]
+    return {"target": "/cache/qwen", "dataset": "bench", "methods": methods, "examples": examples, "env": env}
+
+
+def _benchmark_dir(tmp_path):
+    """A benchmark ``bench`` of two records, ``a`` and ``b``, whose gold is :data:`CALL`."""
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "bench.jsonl").write_text("".join(json.dumps(
+        {"id": rid, "source": "s", "split": "test", "messages": [{"role": "user", "content": "hi"}],
+         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+         "calls": [CALL]}) + "\n" for rid in ("a", "b")))
+    return bench
+
+
+def test_formats_table(tmp_path):
+    bench = _benchmark_dir(tmp_path)
+    folder = tmp_path / "cpu"
+    for scheme, mean, spec, text in (("bf16", 4.0, 2.0, GOOD), ("w8a8", 3.0, 1.0, "no call")):
+        (folder / scheme).mkdir(parents=True)
+        (folder / scheme / "qwen_bench.json").write_text(json.dumps(_cell(scheme, mean, spec, text)))
+    (folder / "qwen_bench.llamacpp.json").write_text(json.dumps({"examples": [
+        {"method": "llama.cpp", "id": rid, "time_s": 3.0, "text": GOOD} for rid in ("a", "b")]}))
+    text = quantized_report.render(folder, bench)
+    lines = [line for line in text.splitlines() if line.startswith("| qwen")]
+    assert [line.split(" | ")[2] for line in lines] == ["Q4_K_M GGUF (llama.cpp greedy)", "bfloat16", "w8a8"]
+    assert "| **1.50x** | 2.00x |" in lines[1] and "| **3.00x** | 3.00x |" in lines[2]
+    assert lines[0].endswith("| 100% | 100% | 100% |") and lines[2].endswith("| 0% | 0% | 0% |")
+    assert "Test CPU" in text and "toolbox warm" in text
+
+
+def test_a_plain_only_cell_keeps_its_quality_row(tmp_path):
+    bench = _benchmark_dir(tmp_path)
+    cell = _cell("bf16", 4.0, 2.0, GOOD)
+    del cell["methods"]["toolspec"]
+    (tmp_path / "cpu" / "bf16").mkdir(parents=True)
+    (tmp_path / "cpu" / "bf16" / "qwen_bench.json").write_text(json.dumps(cell))
+    [line] = [x for x in quantized_report.render(tmp_path / "cpu", bench).splitlines() if x.startswith("| qwen")]
+    assert line == "| qwen | bench | bfloat16 | 2 | 3.000 | 4.000 | - | - | - | - | - | 100% | 100% | 100% |"
