@@ -57,7 +57,7 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="[ooospec models] %(message)s", stream=sys.stderr)
     t0 = time.perf_counter()
     if args.models_cmd == "quantize":
-        from ooospec.runtime.backends.quantize import SETUP_HINT, quantize
+        from ooospec.runtime.backends.quantize import QuantizerMissing, quantize
 
         try:
             records = None
@@ -73,12 +73,7 @@ def run_cli(args: argparse.Namespace) -> int:
                            else None, samples=args.samples, seed=args.seed,
                            max_seq_length=args.max_seq_length, threads=args.threads, cache=args.cache,
                            force=args.force)
-        except (ValueError, FileNotFoundError) as e:
-            print(f"ooospec models quantize: {e}", file=sys.stderr)
-            return 2
-        except RuntimeError as e:
-            if str(e) != SETUP_HINT:
-                raise
+        except (ValueError, FileNotFoundError, QuantizerMissing) as e:
             print(f"ooospec models quantize: {e}", file=sys.stderr)
             return 2
         print(f"{args.name} {args.scheme}: {out} ({time.perf_counter() - t0:.1f}s)")

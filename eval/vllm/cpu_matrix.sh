@@ -8,6 +8,7 @@
 # starts, every method and llama.cpp alike; --warm-tools) into eval/reports/vllm/warm/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source eval/vllm/llamacpp_cell.sh
 WARM=${WARM:-0}
 WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
 OUT=${OUT:-$([ "$WARM" = 1 ] && echo eval/reports/vllm/warm || echo eval/reports/vllm)}
@@ -19,11 +20,7 @@ mkdir -p "$OUT"
 for t in $TARGETS; do
   for b in $BENCHES; do
     cell="$OUT/${t}_${b}"
-    if [ ! -f "$cell.llamacpp.json" ]; then
-      .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$LIMIT" --methods llama.cpp \
-        --threads 2 --max-new-tokens 128 --no-roofline $WARM_FLAG --out "$cell.llamacpp.json.partial"
-      mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
-    fi
+    llamacpp_cell "$t" "$b" "$cell" "$LIMIT" $WARM_FLAG
     if [ ! -f "$cell.json" ]; then
       .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --limit "$LIMIT" --methods "$METHODS" \
         --threads 2 --max-new-tokens 128 $WARM_FLAG --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json"

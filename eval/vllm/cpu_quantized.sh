@@ -8,6 +8,7 @@
 #   bash eval/vllm/cpu_quantized.sh && .venv/bin/python -m ooospec.eval.roofline eval/reports/quantized/<cpu>
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source eval/vllm/llamacpp_cell.sh
 CPU_TAG=${CPU_TAG:-$(.venv/bin/python -c "from ooospec.runtime.backends.hardware import cpu_tag; print(cpu_tag())")}
 OUT=${OUT:-eval/reports/quantized/$CPU_TAG}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
@@ -31,11 +32,7 @@ for t in $TARGETS; do
   done
   for b in $BENCHES; do
     cell="$OUT/${t}_${b}"
-    if [ ! -f "$cell.llamacpp.json" ]; then
-      .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$LIMIT" --methods llama.cpp \
-        --threads 2 --max-new-tokens 128 --no-roofline $WARM_FLAG --out "$cell.llamacpp.json.partial"
-      mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
-    fi
+    llamacpp_cell "$t" "$b" "$cell" "$LIMIT" $WARM_FLAG
   done
 done
 for f in $FORMATS; do

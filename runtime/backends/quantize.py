@@ -55,6 +55,10 @@ SETUP_HINT = ("llm-compressor is not installed in this environment (it pins its 
               "`bash eval/vllm/setup_quant.sh`, then `.venv-quant/bin/ooospec models quantize ...`")
 
 
+class QuantizerMissing(RuntimeError):
+    """llm-compressor cannot be imported here; the message says how to get it (:data:`SETUP_HINT`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Scheme:
     """One quantization scheme: its llm-compressor recipe and whether it reads calibration data."""
@@ -176,7 +180,7 @@ def _oneshot(source: Path, out: Path, scheme: Scheme, texts: list[str], max_seq_
         from llmcompressor import oneshot
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
-        raise RuntimeError(SETUP_HINT) from e
+        raise QuantizerMissing(SETUP_HINT) from e
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(source)
