@@ -46,7 +46,7 @@ from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar import protocol as sw
 from ooospec.runtime.sidecar.engines import ENGINE_CHOICES
-from ooospec.runtime.sidecar.gate import query_name
+from ooospec.runtime.sidecar.gate_decision import query_name
 
 
 def predict_records(sidecar, records: Iterable[Mapping], warm_tools: bool = False, wave: str = "all",
@@ -167,26 +167,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.sidecar_command == "serve":
-        from ooospec.runtime.serve.admission import override_limits
-        from ooospec.runtime.serve.sidecar_app import DEFAULT_PORT, DEFAULT_PREFIX_CACHE_TOKENS, Limits, serve
+        return _serve(args)
+    return _predict(args)
 
-        try:
-            limits = override_limits(Limits(), args.limit)
-        except ValueError as e:
-            raise SystemExit(str(e)) from e
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if args.prefix_cache_tokens is None else args.prefix_cache_tokens
-        if cache_tokens < 0:
-            raise SystemExit(f"--prefix-cache-tokens must be >= 0, got {cache_tokens}")
-        serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
-              dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens,
-              calibrate=args.calibrate, engine=args.engine, gpu_memory=args.gpu_memory)
-        return 0
 
+def _serve(args: argparse.Namespace) -> int:
+    """``serve``: the sidecar's HTTP server, until it is stopped."""
+    from ooospec.runtime.serve.admission import override_limits
+    from ooospec.runtime.serve.sidecar_app import DEFAULT_PORT, DEFAULT_PREFIX_CACHE_TOKENS, Limits, serve
+
+    try:
+        limits = override_limits(Limits(), args.limit)
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if args.prefix_cache_tokens is None else args.prefix_cache_tokens
+    if cache_tokens < 0:
+        raise SystemExit(f"--prefix-cache-tokens must be >= 0, got {cache_tokens}")
+    serve(args.adapter, host=args.host, port=args.port or DEFAULT_PORT, threads=args.threads, cpus=args.cpus,
+          dtype=args.dtype, limits=limits, prefix_cache_tokens=cache_tokens,
+          calibrate=args.calibrate, engine=args.engine, gpu_memory=args.gpu_memory)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """``predict``: every record's prediction row into ``--out``, then the count and the cost summary."""
     from tqdm import tqdm
 
+    path, records = _dataset_records(args)
+    sidecar = _predict_sidecar(args)
+    rows = tqdm(predict_records(sidecar, records, args.warm_tools, args.wave, args.top_k, args.min_prob),
+                total=len(records),
+                desc=f"sidecar predict {path.name}")
+    done = _write_rows(rows, args.out)
+    print(f"wrote {len(records)} predictions to {args.out}")
+    if done:
+        print(cost_line(done))
+    return 0
+
+
+def _dataset_records(args: argparse.Namespace) -> tuple[Path, list]:
+    """``predict``'s ``(dataset file, records)`` (``--limit`` first), every line validated and the options checked
+    before the model loads: a problem is a one-line SystemExit naming the file:line or the flag."""
     from ooospec.pipelines.records import load_records
-    from ooospec.runtime.sidecar.engines import load_sidecar
 
     try:
         path = resolve_benchmark(args.dataset, args.benchmark_dir)
@@ -202,31 +225,38 @@ def run_cli(args: argparse.Namespace) -> int:
         sw.check_wave_options(args.wave, args.top_k, args.min_prob)
     except ValueError as e:
         raise SystemExit(f"ooospec sidecar predict: {e} (--wave/--top-k/--min-prob)") from None
+    return path, records
+
+
+def _predict_sidecar(args: argparse.Namespace):
+    """``predict``'s in-process sidecar (``--engine``), with a prefix cache of ``--prefix-cache-tokens`` if any."""
+    from ooospec.runtime.sidecar.engines import load_sidecar
+
     sidecar = load_sidecar(args.adapter, threads=args.threads, dtype=args.dtype, engine=args.engine,
                            gpu_memory=args.gpu_memory)
     if args.prefix_cache_tokens:
         from ooospec.runtime.agent.session import PrefixCache
 
         sidecar.prefix_cache = PrefixCache(max_tokens=args.prefix_cache_tokens)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".partial")
-    rows = tqdm(predict_records(sidecar, records, args.warm_tools, args.wave, args.top_k, args.min_prob),
-                total=len(records),
-                desc=f"sidecar predict {path.name}")
+    return sidecar
+
+
+def _write_rows(rows: Iterable[dict], out_path: Path) -> list[dict]:
+    """``rows`` as JSONL at ``out_path``, all or nothing (written beside it, then renamed; Ctrl-C included);
+    the rows written."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".partial")
     done: list[dict] = []
     try:
         with open(tmp, "w", encoding="utf-8") as out:
             for row in rows:
                 done.append(row)
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")
-        tmp.replace(args.out)
+        tmp.replace(out_path)
     except BaseException:  # no half-written predictions left behind (Ctrl-C included)
         tmp.unlink(missing_ok=True)
         raise
-    print(f"wrote {len(records)} predictions to {args.out}")
-    if done:
-        print(cost_line(done))
-    return 0
+    return done
 
 
 def cost_line(rows: list[dict]) -> str:

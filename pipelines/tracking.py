@@ -1,5 +1,5 @@
 """Experiment tracking (W&B) setup, shared by training (:mod:`ooospec.pipelines.train_sidecar`) and the transfer
-evaluation (:mod:`ooospec.eval.transfer`): one place decides where runs go and that they never need a network."""
+evaluation (:mod:`ooospec.eval.transfer.stage`): one place decides where runs go and that they never need a network."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ The sidecar is a small causal LM plus a LoRA adapter. Each training sequence is 
 ids continuing from the block -- the visibility the runtime's one-pass wave has. The loss covers answer
 tokens + EOS only (the paper's "one epoch of causal cross-entropy", then the adapter is frozen and used
 unchanged across targets). Training is the HF stack: peft ``get_peft_model`` + transformers ``Trainer`` with
-the packing collator; bf16 autocast where the hardware has native bf16 (recipe ``autocast: auto``).
+the packing collator (:mod:`ooospec.pipelines.sidecar_trainer`); bf16 autocast where the hardware has native bf16
+(recipe ``autocast: auto``).
 
 Everything about *how* to train lives in a recipe (``recipes/*.yaml`` -> :class:`~ooospec.pipelines.recipe.Recipe`);
 params.yaml's ``train_sidecar`` section (:class:`TrainSidecarParams`) only picks the recipe and bounds the run::
@@ -55,10 +56,11 @@ from ooospec.pipelines.checkpoints import (
     prepare_checkpoints,
     shardable_sequences,
 )
-from ooospec.pipelines.packing import LossWeights, PackedCollator, pack_rows
+from ooospec.pipelines.packing import pack_rows
 from ooospec.pipelines.params import as_dict, load_section, module_main
 from ooospec.pipelines.recipe import LATER_FIELDS, Recipe, load_base, load_recipe, recipe_to_yaml
 from ooospec.pipelines.records import atomic_write_text, sha256_file, write_json
+from ooospec.pipelines.sidecar_trainer import build_trainer, check_init_adapter, loss_weights, resolve_autocast
 from ooospec.pipelines.slot_rows import read_request_rows, rows_layout
 from ooospec.pipelines.tracking import configure_wandb
 from ooospec.runtime.backends.hardware import cpu_info, resolve_threads
@@ -103,151 +105,6 @@ def count_forms(rows: list[dict]) -> dict[str, int]:
         for s in r["slots"]:
             counts[s["form"]] += 1
     return counts
-
-
-# ------------------------------------------------------------------------------------------------ model
-
-def lora_config(recipe: Recipe):
-    from peft import LoraConfig
-
-    return LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha, lora_dropout=recipe.lora_dropout,
-                      target_modules=list(recipe.target_modules), init_lora_weights=recipe.init_lora_weights,
-                      bias="none", task_type="CAUSAL_LM")
-
-
-def check_init_adapter(recipe: Recipe, layout: int) -> str:
-    """The sha256 of ``recipe.init_adapter``'s weights, once it fits: the recipe's base and rank, the rows' layout.
-    Raises ValueError saying what does not fit."""
-    folder = Path(recipe.init_adapter)
-    meta = sp.read_metadata(folder)
-    problems = []
-    if meta.get("base") != recipe.base:
-        problems.append(f"its base is {meta.get('base')!r}, the recipe's {recipe.base!r}")
-    if meta.get("layout_version") != layout:
-        problems.append(f"it learned prompt layout {meta.get('layout_version')}, the rows are layout {layout}")
-    rank = json.loads((folder / "adapter_config.json").read_text()).get("r")
-    if rank != recipe.lora_r:
-        problems.append(f"its LoRA rank is {rank}, the recipe's lora_r {recipe.lora_r}")
-    if problems:
-        raise ValueError(f"init_adapter {str(folder)!r} does not fit: " + "; ".join(problems))
-    return sha256_file(folder / "adapter_model.safetensors")
-
-
-def continued_adapter(model, recipe: Recipe):
-    """``model`` with ``recipe.init_adapter``'s LoRA loaded trainable, its weights in fp32 (a bf16 export would
-    otherwise train in bf16)."""
-    import torch
-    from peft import PeftModel
-
-    peft_model = PeftModel.from_pretrained(model, recipe.init_adapter, is_trainable=True)
-    for param in peft_model.parameters():
-        if param.requires_grad:
-            param.data = param.data.to(torch.float32)
-    return peft_model
-
-
-def resolve_autocast(recipe: Recipe, threads: int) -> tuple[bool, str]:
-    """``(bf16 autocast on?, reason)`` for the recipe's ``autocast`` on this machine."""
-    if recipe.autocast == "none":
-        return False, "recipe: autocast none"
-    if recipe.autocast == "bf16":
-        return True, "recipe: autocast bf16"
-    from ooospec.runtime.backends.hardware import resolve_dtype
-
-    dtype, why = resolve_dtype("auto", threads=threads)
-    return dtype == "bf16", why
-
-
-def training_args(recipe: Recipe, output_dir: Path, seed: int, bf16: bool, report_to: str | None = None):
-    """The transformers ``TrainingArguments`` of a recipe: packed batches kept whole, checkpoints, one epoch."""
-    import torch
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        seed=seed,
-        data_seed=seed,
-        num_train_epochs=recipe.num_train_epochs,
-        max_steps=recipe.max_steps,
-        per_device_train_batch_size=recipe.per_device_train_batch_size,
-        gradient_accumulation_steps=recipe.gradient_accumulation_steps,
-        learning_rate=recipe.learning_rate,
-        lr_scheduler_type=recipe.lr_scheduler_type,
-        warmup_steps=recipe.warmup_ratio,
-        weight_decay=recipe.weight_decay,
-        activation_checkpointing=recipe.gradient_checkpointing,
-        bf16=bf16,  # autocast: CUDA, or CPU (fast with AMX / avx512_bf16)
-        use_cpu=not torch.cuda.is_available(),
-        train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
-        remove_unused_columns=False,  # the collator needs segment_ids / position_ids
-        logging_steps=recipe.logging_steps,
-        save_strategy="steps",
-        save_steps=recipe.save_steps,
-        save_total_limit=recipe.save_total_limit,
-        report_to=report_to if report_to is not None else recipe.report_to,
-        run_name=f"sidecar-{Path(recipe.base).name}-r{recipe.lora_r}",
-        dataloader_num_workers=0,
-        disable_tqdm=False,
-    )
-
-
-def loss_weights(recipe: Recipe) -> LossWeights:
-    return LossWeights(function_index=recipe.loss_weight_function_index, null=recipe.loss_weight_null)
-
-
-def _weighted_trainer_class():
-    from transformers import Trainer
-
-    class WeightedLossTrainer(Trainer):
-        """``Trainer`` whose loss weighs each answer token by its slot (the collator's ``label_weights``).
-
-        loss = sum_i w_i * CE_i / N, N = the label tokens of the whole accumulated batch (``num_items_in_batch``,
-        as the model's own loss does), so weights of 1 give exactly the plain loss, gradient accumulation included.
-        """
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            import torch
-
-            inputs = dict(inputs)
-            weights = inputs.pop("label_weights")
-            shift_labels = inputs.pop("shift_labels")
-            inputs.pop("labels", None)
-            outputs = model(**inputs)
-            logits = outputs.logits.reshape(-1, outputs.logits.shape[-1]).float()
-            ce = torch.nn.functional.cross_entropy(logits, shift_labels.to(logits.device), reduction="none")
-            n = num_items_in_batch if num_items_in_batch is not None else shift_labels.numel()
-            loss = (ce * weights.to(ce.device, ce.dtype)).sum() / n
-            if num_items_in_batch is not None and self.args.average_tokens_across_devices:
-                # n counts every process's label tokens and DDP averages the gradients over processes: scale
-                # back so N processes give the 1-process gradient of the same global batch (as Trainer does
-                # for the models' own loss)
-                loss = loss * self.accelerator.num_processes
-            return (loss, outputs) if return_outputs else loss
-
-    return WeightedLossTrainer
-
-
-def build_trainer(model, tokenizer, sequences: list[dict], recipe: Recipe, output_dir: Path, seed: int,
-                  bf16: bool = False, report_to: str | None = None):
-    """A transformers ``Trainer`` over packed ``sequences`` with a fresh LoRA on ``model``.
-
-    The returned trainer's ``model`` is the ``PeftModel``; only LoRA weights have ``requires_grad``.
-    """
-    import torch
-    from datasets import Dataset
-    from peft import get_peft_model
-    from transformers import Trainer
-
-    torch.manual_seed(seed)  # LoRA A init (and B when init_lora_weights=False)
-    if recipe.init_adapter:
-        peft_model = continued_adapter(model, recipe)
-    else:
-        peft_model = get_peft_model(model, lora_config(recipe))
-    data = Dataset.from_list([{**s, "length": len(s["input_ids"])} for s in sequences])
-    collator = PackedCollator(tokenizer.pad_token_id, mask_dtype=model.dtype)
-    trainer_class = _weighted_trainer_class() if "label_weights" in sequences[0] else Trainer
-    return trainer_class(model=peft_model, args=training_args(recipe, output_dir, seed, bf16, report_to),
-                   train_dataset=data, data_collator=collator, processing_class=tokenizer)
 
 
 # --------------------------------------------------------------------------------------------- resume
@@ -299,9 +156,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     import torch
 
     out_dir, metrics_path = Path(out_dir), Path(metrics_path)
-    recipe_source = params.recipe if recipe is None else "<given>"
-    if recipe is not None and recipe.init_adapter is not None and recipe_source == "<given>":
-        recipe_source = f"{params.recipe} (init_adapter {recipe.init_adapter})"
+    recipe_source = describe_recipe(params, recipe)
     recipe = recipe or load_recipe(params.recipe)
     seed_everything(params.seed)
     procs = Processes.from_env()
@@ -309,14 +164,7 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
     torch.set_num_threads(threads)
     configure_wandb(recipe.report_to, out_dir, recipe.wandb_project)
 
-    if not (all_rows := read_request_rows(train_path)):
-        raise ValueError(f"{train_path}: no request rows to train on")
-    layout = rows_layout(all_rows, f"{train_path}: request rows")   # what the adapter learns (sidecar.json)
-    data_sha = sha256_file(Path(train_path))
-    init = None
-    if recipe.init_adapter:       # checked before the base loads; a continued run resumes only from that adapter
-        init = {"path": recipe.init_adapter, "sha256": check_init_adapter(recipe, layout)}
-        data_sha += ":" + init["sha256"]
+    all_rows, layout, data_sha, init = training_data(train_path, recipe)
     chosen = select_requests(all_rows, params.max_train_requests, params.seed)
     model, tok = load_base(recipe, threads)
     sequences, pack, cut = training_sequences(tok, chosen, recipe, procs)
@@ -337,6 +185,46 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "recipe": recipe_source,
         "init_adapter": init,
         "layout_version": layout,
+        **data_metrics(all_rows, chosen, pack, cut, procs),
+        **run_summary(trainer, resume_from, training_loss, wall, cpu),
+        **machine_metrics(trainer, threads, bf16, autocast_why),
+    }
+    if trainer.is_world_process_zero():
+        write_outputs(trainer, tok, recipe, params, metrics, out_dir, metrics_path)
+    logger.info("trained %d requests (%d sequences) in %.1fs, final loss %s", len(chosen), pack.sequences, wall,
+                metrics["final_loss"])
+    return metrics
+
+
+def describe_recipe(params: TrainSidecarParams, recipe: Recipe | None) -> str:
+    """The metrics' ``recipe``: the params' recipe file, or ``<given>`` for a recipe passed in (with the adapter
+    it continues from, when it names one)."""
+    if recipe is None:
+        return params.recipe
+    if recipe.init_adapter is not None:
+        return f"{params.recipe} (init_adapter {recipe.init_adapter})"
+    return "<given>"
+
+
+def training_data(train_path: str | os.PathLike, recipe: Recipe) -> tuple[list[dict], int, str, dict | None]:
+    """``(request rows, their prompt layout, data fingerprint, init adapter)`` of a run: the rows of
+    ``train_path`` (none: ValueError); the fingerprint is the file's sha256, plus the weights' of the recipe's
+    ``init_adapter`` (``{"path", "sha256"}``, checked before the base loads: a continued run resumes only from
+    that adapter)."""
+    if not (all_rows := read_request_rows(train_path)):
+        raise ValueError(f"{train_path}: no request rows to train on")
+    layout = rows_layout(all_rows, f"{train_path}: request rows")   # what the adapter learns (sidecar.json)
+    data_sha = sha256_file(Path(train_path))
+    init = None
+    if recipe.init_adapter:       # checked before the base loads; a continued run resumes only from that adapter
+        init = {"path": recipe.init_adapter, "sha256": check_init_adapter(recipe, layout)}
+        data_sha += ":" + init["sha256"]
+    return all_rows, layout, data_sha, init
+
+
+def data_metrics(all_rows: list[dict], chosen: list[dict], pack, cut: int, procs: Processes) -> dict:
+    """The metrics of what was trained on: requests, slots, packed sequences and tokens, processes."""
+    return {
         "requests": {"available": len(all_rows), "trained": len(chosen)},
         "slots": {"trained": pack.slots - pack.slots_dropped, "dropped_too_long": pack.slots_dropped,
                   "by_form": count_forms(chosen)},
@@ -345,7 +233,14 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "processes": procs.world_size,
         "tokens": pack.tokens,
         "label_tokens": pack.label_tokens,
-        **run_summary(trainer, resume_from, training_loss, wall, cpu),
+    }
+
+
+def machine_metrics(trainer, threads: int, bf16: bool, autocast_why: str) -> dict:
+    """The metrics of what it ran on: threads (per process), autocast, device, CPU, trainable parameters."""
+    import torch
+
+    return {
         "threads": threads,   # per process
         "bf16_autocast": bf16,
         "bf16_autocast_reason": autocast_why,
@@ -353,11 +248,6 @@ def run(params: TrainSidecarParams, train_path: str | os.PathLike, out_dir: str 
         "cpu": cpu_info(),
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     }
-    if trainer.is_world_process_zero():
-        write_outputs(trainer, tok, recipe, params, metrics, out_dir, metrics_path)
-    logger.info("trained %d requests (%d sequences) in %.1fs, final loss %s", len(chosen), pack.sequences, wall,
-                metrics["final_loss"])
-    return metrics
 
 
 def process_threads(threads: int, procs: Processes) -> tuple[int, str]:

@@ -258,7 +258,7 @@ class AcceptanceStats:
         default 0.5; other ranks keep 0.5: they are alternatives to the best guess).
 
         A drafter whose proposals are known to be reliable before any are verified (a hint continuing a long
-        suffix match, measured by ``python -m ooospec.eval.hint_replay``) declares it, so that the policy tries
+        suffix match, measured by ``python -m ooospec.eval.bench.hint_replay``) declares it, so that the policy tries
         it where a tree costs several one-token forwards; its own trials take over from there.
         """
         if not 0.0 < p < 1.0:

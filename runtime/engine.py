@@ -102,6 +102,9 @@ def merge_candidates(per_drafter: Sequence[Sequence[Sequence[int]]]) -> list[lis
     return merged
 
 
+DEFAULT_MAX_DEPTH = 16   # the longest candidate a tree keeps: a fixed-size cache needs this much room past the output
+
+
 @dataclass
 class _LoopState:
     """What one ``generate`` call carries from step to step."""
@@ -148,7 +151,7 @@ class SpecEngine:
         *,
         policy: TreePolicy = "budget",
         max_draft_nodes: int = 63,
-        max_depth: int = 16,
+        max_depth: int = DEFAULT_MAX_DEPTH,
         cost: ForwardCost | None = None,
         acceptance: AcceptanceStats | None = None,
         tie_margin: float | None = None,

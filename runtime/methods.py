@@ -118,7 +118,7 @@ class Method:
     def warm_starts(self) -> bool:
         """Whether it can continue from a cached prompt prefix (``--warm-tools``): every engine method and the
         stock greedy peers; transformers' prompt lookup and assisted generation feed the whole prompt on top of a
-        cached prefix (:func:`ooospec.eval.peers.check_continued`), so they run cold only."""
+        cached prefix (:func:`ooospec.eval.bench.peers.check_continued`), so they run cold only."""
         return self.peer != "hf" or not self.drafters
 
     def engine_kwargs(self) -> dict:

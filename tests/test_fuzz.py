@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ooospec.eval import bench_data
+from ooospec.eval.bench import data as bench_data
 from ooospec.pipelines import dedupe, eval_sidecar, normalize
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas

@@ -4,6 +4,9 @@ blocks do not):
 - folders: ``runtime/`` imports neither ``pipelines/`` nor ``eval/``; ``pipelines/`` does not import ``eval/``;
 - ``runtime/`` has no import cycle, keeps at most :data:`MAX_TOP_LEVEL` modules at its top, and each of its rooms
   (subpackages) opens with a docstring and imports only what :data:`ROOM_MAY_NOT_IMPORT` allows;
+- ``eval/`` likewise: at most :data:`MAX_TOP_LEVEL` modules at its top, rooms with docstrings saying what they may
+  import, and :data:`EVAL_ROOM_MAY_NOT_IMPORT` holds;
+- the house limits: no module over :data:`MAX_MODULE_LINES` lines, no function over :data:`MAX_FUNCTION_LINES`;
 - ``runtime/methods.py`` is the method table only: it imports no other runtime module;
 - the engines read a drafter's members, never ``getattr`` / ``hasattr`` (the contract is
   :class:`~ooospec.runtime.drafters.base.Drafter`).
@@ -29,6 +32,17 @@ ROOM_MAY_NOT_IMPORT = {
     "agent": ("serve", "vllm"),
     "vllm": ("serve", "agent"),
 }
+# eval room -> the eval rooms it must not import: ``bench`` is the floor, ``transfer`` the headline
+EVAL_ROOM_MAY_NOT_IMPORT = {
+    "bench": ("agent", "vllm", "transfer", "sidecar", "substrate"),
+    "vllm": ("agent", "transfer", "sidecar", "substrate"),
+    "substrate": ("agent", "vllm", "transfer", "sidecar"),
+    "transfer": ("agent", "vllm", "sidecar", "substrate"),
+    "agent": ("transfer", "sidecar", "substrate"),
+    "sidecar": ("agent", "vllm", "substrate"),
+}
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
 DRAFTER_READERS = ("runtime/engine.py", "runtime/budget.py", "runtime/decoding.py", "runtime/vllm/proposer.py",
                    "runtime/vllm/chain.py")
 
@@ -97,9 +111,7 @@ def test_runtime_has_no_import_cycle(imports):
             visit(m)
 
 
-def test_runtime_is_rooms_not_one_floor():
-    top = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
-    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules at runtime/'s top: {top}"
+def test_runtime_rooms_say_what_they_may_import():
     rooms = sorted(p.parent.name for p in (ROOT / "runtime").glob("*/__init__.py"))
     assert set(ROOM_MAY_NOT_IMPORT) <= set(rooms) | {"formats"}
     for room in rooms:
@@ -127,3 +139,42 @@ def test_engines_read_drafter_members_not_getattr(path):
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id in ("getattr", "hasattr") and n.args and "drafter" in ast.unparse(n.args[0]).lower()]
     assert not calls, f"{path}: {[ast.unparse(c) for c in calls]}"
+
+
+@pytest.mark.parametrize("folder", ["runtime", "eval"])
+def test_folder_is_rooms_not_one_floor(folder):
+    top = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules at {folder}/'s top: {top}"
+
+
+@pytest.mark.parametrize("room", sorted(EVAL_ROOM_MAY_NOT_IMPORT))
+def test_each_eval_room_imports_what_its_docstring_allows(imports, room):
+    doc = ast.get_docstring(ast.parse((ROOT / "eval" / room / "__init__.py").read_text()))
+    assert doc and "May import" in doc, f"eval/{room}/__init__.py: a docstring saying what it may import"
+    prefix = f"ooospec.eval.{room}"
+    banned = tuple(f"ooospec.eval.{b}" for b in EVAL_ROOM_MAY_NOT_IMPORT[room])
+    bad = [(m, i) for m, names in imports.items() if m == prefix or m.startswith(prefix + ".")
+           for i in names if i in banned or i.startswith(tuple(b + "." for b in banned))]
+    assert not bad, f"eval/{room} imports what it may not: {bad}"
+
+
+def test_every_eval_room_has_rules():
+    rooms = {p.parent.name for p in (ROOT / "eval").glob("*/__init__.py")}
+    assert rooms == set(EVAL_ROOM_MAY_NOT_IMPORT), f"rooms vs rules: {sorted(rooms ^ set(EVAL_ROOM_MAY_NOT_IMPORT))}"
+
+
+def test_modules_and_functions_stay_small():
+    """No module over :data:`MAX_MODULE_LINES` lines, no function over :data:`MAX_FUNCTION_LINES` (the house limits;
+    a function is counted from its ``def`` to its last line)."""
+    big, long_functions = [], []
+    for folder in (*FOLDERS, "ooospec"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            name = path.relative_to(ROOT).as_posix()
+            if (lines := text.count("\n")) > MAX_MODULE_LINES:
+                big.append(f"{name} ({lines} lines)")
+            long_functions += [f"{name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+                               for n in ast.walk(ast.parse(text))
+                               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                               and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not big and not long_functions, f"modules too long: {big}; functions too long: {long_functions}"

@@ -105,7 +105,7 @@ def test_the_full_params_set_is_the_shipped_adapters_recipe():
 @pytest.mark.parametrize("name", ["cpu_qwen2.5-coder-0.5b_continue.yaml", "cpu_qwen2.5-coder-0.5b_mix.yaml"])
 def test_the_continue_recipes_fit_the_shipped_adapter(name):
     """The 0.5B continue and mix recipes continue adapters/sidecar: same base, same rank, layout 3."""
-    from ooospec.pipelines.train_sidecar import check_init_adapter
+    from ooospec.pipelines.sidecar_trainer import check_init_adapter
 
     r = load_recipe(RECIPES / name)
     assert r.init_adapter == "adapters/sidecar"

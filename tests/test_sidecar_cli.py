@@ -19,7 +19,7 @@ from ooospec.runtime.sidecar import engines
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar import protocol as sw
 from ooospec.runtime.sidecar.client import SidecarClient
-from ooospec.runtime.sidecar.gate import query_name
+from ooospec.runtime.sidecar.gate_decision import query_name
 from ooospec.runtime.sidecar.process import health, launch_sidecar
 from ooospec.runtime.sidecar.wave import Sidecar
 from ooospec.sidecar_cli import cost_line, predict_records

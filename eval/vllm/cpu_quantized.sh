@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# The quantized-target report (eval/reports/quantized/<cpu>/): can toolspec inside vLLM on a quantized target beat
+# The quantized-target report (eval/reports/cpu/quantized/<cpu>/): can toolspec inside vLLM on a quantized target beat
 # llama.cpp's greedy on the registry's Q4_K_M GGUF? Per target and benchmark, on the same 30 requests, 2 threads,
 # one run at a time, toolbox warm (WARM=0: cold): llama.cpp greedy (`ooospec bench`, main venv), then vLLM plain +
 # toolspec on each weight format (bf16 and the SCHEMES, `ooospec vllm-bench`, .venv-vllm); then what a forward costs
 # per format at 2 and 1 threads (vllm_substrate, substrate) and the roofline table. Resumable: a finished cell is
 # skipped. Needs .venv (llama.cpp), .venv-vllm (eval/vllm/setup_cpu.sh), .venv-quant (eval/vllm/setup_quant.sh).
-#   bash eval/vllm/cpu_quantized.sh && .venv/bin/python -m ooospec.eval.roofline eval/reports/quantized/<cpu>
+#   bash eval/vllm/cpu_quantized.sh && .venv/bin/python -m ooospec.eval.substrate.roofline eval/reports/cpu/quantized/<cpu>
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source eval/vllm/llamacpp_cell.sh
 CPU_TAG=${CPU_TAG:-$(.venv/bin/python -c "from ooospec.runtime.backends.hardware import cpu_tag; print(cpu_tag())")}
-OUT=${OUT:-eval/reports/quantized/$CPU_TAG}
+OUT=${OUT:-eval/reports/cpu/quantized/$CPU_TAG}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
 SCHEMES=${SCHEMES:-w8a8}
 FORMATS=${FORMATS-"$SCHEMES bf16"}
 SUBSTRATE=${SUBSTRATE-"bf16,w8a8-rtn,w4a16-rtn"}   # formats timed per forward (same format, same cost: RTN)
-SUBSTRATE_THREADS=${SUBSTRATE_THREADS:-"2 1"}   # 1 and 2: the many-core model in eval/roofline.py fits on both
+SUBSTRATE_THREADS=${SUBSTRATE_THREADS:-"2 1"}   # 1 and 2: the many-core model in eval/substrate/roofline.py fits on both
 LIMIT=${LIMIT:-30}
 WARM=${WARM:-1}
 WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
@@ -57,7 +57,7 @@ done
 for threads in $SUBSTRATE_THREADS; do
   for t in $TARGETS; do
     f="$OUT/substrate_vllm_${t}_t$threads.json"
-    [ -f "$f" ] || .venv-vllm/bin/python -m ooospec.eval.vllm_substrate --target "$t" --formats "$SUBSTRATE" \
+    [ -f "$f" ] || .venv-vllm/bin/python -m ooospec.eval.vllm.substrate --target "$t" --formats "$SUBSTRATE" \
       --threads "$threads" --out "$f"
     f="$OUT/substrate_llamacpp_${t}_t$threads.json"
     [ -f "$f" ] || .venv/bin/python -m ooospec.eval.substrate --target "$t" --formats registry,Q4_0 \

@@ -7,7 +7,7 @@
 # `ooospec`'s waves go through the proposer's wave gate for the shared deployment (GATE=off sends every wave).
 # METHODS may add `ooospec-wave-first` (REAL on the same cores: each request's wave first, inside its time, then the
 # target with its hints; GATE other than off gates its waves at the client) and ADD="--add --paired" times each of its
-# requests as `toolspec` on the same engine too (eval/reports/vllm-wave-first/); WARMUP=N lets its gate learn from N
+# requests as `toolspec` on the same engine too (eval/reports/vllm/wave-first/); WARMUP=N lets its gate learn from N
 # untimed requests first (a seeded random N of those after the LIMIT timed ones).
 # ENGINE picks the sidecar server's engine (transformers, or vllm: served from .venv-vllm; then keep `ooospec` out of
 # METHODS: two vLLM engines spinning on the same 2 cores measure nothing but the contention).
@@ -15,7 +15,7 @@
 #   bash eval/vllm/dedicated_rows.sh   # TARGETS / BENCHES / BENCH_DIR / LIMIT / WAVE / GATE / WARMUP / ADAPTER / OUT / METHODS / ENGINE / CACHE
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-eval/reports/vllm-dedicated}
+OUT=${OUT:-eval/reports/vllm/dedicated}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1"}
 LIMIT=${LIMIT:-30}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# vLLM's OpenAI server under concurrent load (`ooospec vllm-load`, eval/vllm_load.py): plain vLLM, ooo-spec's
+# vLLM's OpenAI server under concurrent load (`ooospec vllm-load`, eval/vllm/load.py): plain vLLM, ooo-spec's
 # toolspec proposer and vLLM's ngram, the same requests at each concurrency, streamed and not; per target one results
 # JSON, a markdown table and the servers' logs in OUT. Each method is kept as it finishes: rerun to resume.
 #   bash eval/vllm/load.sh            # TARGETS / DATASET / LIMIT / CONC / STREAM / OUT / QUANTIZED
-#   QUANTIZED=w8a8 OUT=eval/reports/quantized/<cpu>/load bash eval/vllm/load.sh   # the quantized target
+#   QUANTIZED=w8a8 OUT=eval/reports/cpu/quantized/<cpu>/load bash eval/vllm/load.sh   # the quantized target
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}

@@ -11,7 +11,8 @@ blocks)::
     turn.cached_tokens  # prompt tokens whose KV was reused (0 on a first turn without a prefix-cache hit)
 
 :meth:`ChatModel.prepare` does everything that can refuse a request (messages, tools, ``tool_choice``, the
-prompt's length: ValueError naming the field) before any decoding, so a server answers 4xx up front.
+prompt's length: ValueError naming the field) before any decoding, so a server answers 4xx up front; on a target
+with a fixed-size context (llama.cpp's ``n_ctx``) :meth:`ChatModel.context_room` says how many new tokens fit.
 
 Methods: the registry's served ones (:data:`~ooospec.runtime.methods.SERVED`: ``ar``, ``toolspec``, ``ooospec``),
 driven by a :class:`~ooospec.runtime.decoding.RequestDecoder`; one that takes hints (``ooospec``) drafts from a
@@ -43,11 +44,11 @@ from transformers import PreTrainedModel
 
 from ooospec.runtime.agent.session import SessionStore
 from ooospec.runtime.backends.models import eos_token_ids
-from ooospec.runtime.backends.target import Target
+from ooospec.runtime.backends.target import Target, as_target
 from ooospec.runtime.decoding import RequestDecoder
 from ooospec.runtime.drafters.hint_source import HintInputs, resolve_hints
 from ooospec.runtime.drafters.hints import CallGuess, HintDrafter
-from ooospec.runtime.engine import GenerationResult
+from ooospec.runtime.engine import DEFAULT_MAX_DEPTH, GenerationResult
 from ooospec.runtime.formats import common, detect_format
 from ooospec.runtime.formats.messages import normalize_messages
 from ooospec.runtime.methods import TOOLSPEC, get_method
@@ -133,6 +134,9 @@ class ChatModel:
                  sessions: SessionStore | None = None, **engine_kwargs):
         self.takes_hints = get_method(method, served=True).takes_hints   # ValueError naming the served methods
         self.model, self.tokenizer = model, tokenizer
+        target = as_target(model)
+        self.backend: str = target.backend
+        self.n_ctx: int | None = getattr(target, "n_ctx", None)      # a fixed-size context (llama.cpp), or None
         self.fmt = detect_format(tokenizer)
         self.method = method
         self.sidecar = sidecar
@@ -166,6 +170,14 @@ class ChatModel:
                 self._blocks.popitem(last=False)
         self._blocks.move_to_end(key)
         return common_prefix_len(probe, prompt_ids)
+
+    def context_room(self, prompt_tokens: int) -> int | None:
+        """The most new tokens a turn after a ``prompt_tokens``-token prompt can decode: what a fixed-size context
+        (a llama.cpp target's ``n_ctx`` cells) holds past the prompt and the deepest draft tree; None where the
+        cache grows as needed (HF)."""
+        if self.n_ctx is None:
+            return None
+        return self.n_ctx - prompt_tokens - self.decoder.engine_kwargs.get("max_depth", DEFAULT_MAX_DEPTH) - 1
 
     # ------------------------------------------------------------------------------------- one turn
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ooospec.runtime.agent.chat import ChatModel
+from ooospec.runtime.agent.chat import ChatModel, ChatTurn
 from ooospec.runtime.agent.tools import HISTORY, SpeculativeTools
 from ooospec.runtime.calls import call_key
 from ooospec.runtime.drafters.hints import CallGuess
@@ -182,38 +182,62 @@ def run_agent(chat: ChatModel, messages: Sequence[Any], tools: Sequence[Any] | C
             on_turn(turn)
         executor.clear()
         turn_tools = list(tools(turn) if callable(tools) else tools)
-        g = guess(run.messages, turn_tools, turn) if guess is not None else None
-        # after the guess starts (an emulated guess may run its wave first, untimed), before it can hand a call over
-        for earlier in earlier_calls(run.steps, speculate_history):
-            executor.speculate(earlier, source=HISTORY)
-        watcher = _Watcher(g, executor, speculate_top_k) if g is not None else None
-        t0 = time.perf_counter()
-        try:
-            ct = chat.complete(run.messages, turn_tools, max_new_tokens=max_new_tokens,
-                               hints=g if chat.takes_hints else None)
-        finally:
-            guessed = watcher.close() if watcher is not None else None
-            if g is not None:
-                g.cancel()
-        t1 = time.perf_counter()
+        g, watcher = _arrive(run, turn_tools, turn, executor, guess, speculate_top_k, speculate_history)
+        ct, guessed, gen_s = _decode_turn(chat, run.messages, turn_tools, g, watcher, max_new_tokens)
         # the guess learns what its wave cost and saved (a chat reports only the waves it sent itself)
         wave = g.report(ct.result, None, ct.calls) if g is not None else None
         call = ct.calls[0] if ct.calls else None
         step = AgentStep(turn, ct.text, call, None, None, None, guessed, ct.prompt_tokens, ct.cached_tokens,
-                         ct.origin, t1 - t0, 0.0, ct.finish_reason, wave)
+                         ct.origin, gen_s, 0.0, ct.finish_reason, wave)
         run.steps.append(step)
         if call is None:
             break
-        run.messages.append({"role": "assistant", "content": "",
-                             "tool_calls": [{"type": "function", "function": call}]})
-        if on_tool_start is not None:
-            on_tool_start(list(run.messages), turn_tools)
-        res = executor.resolve(call)
-        step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
-        step.hit_source = res.source
-        if g is not None:
-            # the guess's own hit (a call the history already ran was not the wave's to save)
-            g.observe_tool(res.result.elapsed_s, (res.hit and res.source != HISTORY) if guessed is not None else None)
-        run.messages.append({"role": "tool", "content": res.result.content})
+        _run_call(run, step, turn_tools, executor, g, on_tool_start)
     run.wall_s = time.perf_counter() - t_start
     return run
+
+
+def _arrive(run: AgentRun, turn_tools: list, turn: int, executor: SpeculativeTools,
+            guess: Callable[[list[dict], list, int], CallGuess | None] | None, speculate_top_k: int,
+            speculate_history: int) -> tuple[CallGuess | None, _Watcher | None]:
+    """A turn's arrival: start its guess, then the loop's earlier calls (``speculate_history``), then the watcher
+    that hands the guess's call to the speculative cache. Returns ``(guess, watcher)``, both None without a guess."""
+    g = guess(run.messages, turn_tools, turn) if guess is not None else None
+    # after the guess starts (an emulated guess may run its wave first, untimed), before it can hand a call over
+    for earlier in earlier_calls(run.steps, speculate_history):
+        executor.speculate(earlier, source=HISTORY)
+    watcher = _Watcher(g, executor, speculate_top_k) if g is not None else None
+    return g, watcher
+
+
+def _decode_turn(chat: ChatModel, messages: list[dict], turn_tools: list, g: CallGuess | None,
+                 watcher: _Watcher | None, max_new_tokens: int) -> tuple[ChatTurn, dict | None, float]:
+    """The target decodes the turn (drafting from the guess when its method takes hints); the turn is then over
+    for speculation and the guess is cancelled, however the decode ended. Returns ``(turn, the guessed call if it
+    was ready before the turn ended, the turn's seconds)``."""
+    t0 = time.perf_counter()
+    try:
+        ct = chat.complete(messages, turn_tools, max_new_tokens=max_new_tokens,
+                           hints=g if chat.takes_hints else None)
+    finally:
+        guessed = watcher.close() if watcher is not None else None
+        if g is not None:
+            g.cancel()
+    return ct, guessed, time.perf_counter() - t0
+
+
+def _run_call(run: AgentRun, step: AgentStep, turn_tools: list, executor: SpeculativeTools, g: CallGuess | None,
+              on_tool_start: Callable[[list[dict], list], None] | None) -> None:
+    """The turn's call joins the conversation and runs (its speculative result when one matches); ``step`` gets
+    the result and the guess hears how the tool went; the tool message joins the conversation."""
+    run.messages.append({"role": "assistant", "content": "",
+                         "tool_calls": [{"type": "function", "function": step.call}]})
+    if on_tool_start is not None:
+        on_tool_start(list(run.messages), turn_tools)
+    res = executor.resolve(step.call)
+    step.result, step.ok, step.hit, step.tool_wait_s = res.result.content, res.result.ok, res.hit, res.wait_s
+    step.hit_source = res.source
+    if g is not None:
+        # the guess's own hit (a call the history already ran was not the wave's to save)
+        g.observe_tool(res.result.elapsed_s, (res.hit and res.source != HISTORY) if step.guess is not None else None)
+    run.messages.append({"role": "tool", "content": res.result.content})

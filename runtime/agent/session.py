@@ -21,6 +21,10 @@ a new one from the longest prefix it can copy: a stored block, or what an existi
     result = session.generate(engine, prompt_ids, 256, stop)          # result.num_cached tokens not prefilled
     store.remember_prefix(session, shared_len=412)                    # the system + tools block, for others
 
+Both backends: on llama.cpp, whose one context holds one KV store, a session's cache is persistent (parked --
+copied out and back -- while another conversation runs) and snapshots are copies of its cells
+(:mod:`ooospec.runtime.backends.llamacpp_kv`).
+
 Not thread-safe: one request at a time per store (the chat server serializes generation).
 """
 
@@ -156,7 +160,7 @@ class Session:
 
     def __init__(self, model: Target | PreTrainedModel, session_id: str = ""):
         self.id = session_id
-        self.kv = as_target(model).new_kv_cache()
+        self.kv = as_target(model).new_kv_cache(persistent=True)   # llama.cpp: parked while others run
         self.stats = SessionStats()
 
     @property

@@ -41,7 +41,8 @@ class HFTarget:
         """:func:`~ooospec.runtime.verify.default_tie_margin` of the dtype: off in fp32/fp64, on in bf16/fp16."""
         return default_tie_margin(self.model.dtype)
 
-    def new_kv_cache(self) -> KVCache:
+    def new_kv_cache(self, persistent: bool = False) -> KVCache:
+        """A cache of one sequence (each holds its own tensors: persistent or not)."""
         return KVCache(self.model)
 
     def eos_token_ids(self) -> list[int]:

@@ -304,8 +304,10 @@ class LlamaCppTarget:
             self._tie_margin = max(TIE_MARGIN, TIE_FACTOR * cached_batch_shape_diff(self))
         return self._tie_margin
 
-    def new_kv_cache(self) -> LlamaCppKV:
-        return LlamaCppKV(self)
+    def new_kv_cache(self, persistent: bool = False) -> LlamaCppKV:
+        """A cache of one sequence; ``persistent``: parked (copied out) when another cache takes the context, and
+        copied back on its next use (a session's; see :mod:`~ooospec.runtime.backends.llamacpp_kv`)."""
+        return LlamaCppKV(self, persistent=persistent)
 
     # --------------------------------------------------------- the cache's primitives (runtime/backends/llamacpp_kv.py)
 
@@ -346,6 +348,20 @@ class LlamaCppTarget:
 
     def clear(self) -> None:
         _lib().llama_memory_clear(self._mem, True)
+
+    def seq_state(self, seq: int) -> ctypes.Array:
+        """The cells of sequence ``seq`` (positions, K, V) as one byte buffer (``llama_state_seq_get_data``)."""
+        L = _lib()
+        size = L.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_ubyte * size)()
+        if L.llama_state_seq_get_data(self._ctx, buf, size, seq) != size:
+            raise RuntimeError(f"llama.cpp could not copy the KV cells of sequence {seq} ({size} bytes)")
+        return buf
+
+    def set_seq_state(self, buf: ctypes.Array, seq: int) -> None:
+        """Put :meth:`seq_state`'s cells back as sequence ``seq`` (into free cells of the context)."""
+        if _lib().llama_state_seq_set_data(self._ctx, buf, len(buf), seq) != len(buf):
+            raise RuntimeError(f"llama.cpp could not restore {len(buf)} bytes of KV cells (n_ctx={self.n_ctx})")
 
     def close(self) -> None:
         L = _lib()

@@ -16,11 +16,23 @@ gets the path back (``llama_memory_seq_cp``, which adds a sequence id to existin
 One context per target. A llama.cpp context holds one physical KV store, so only one :class:`LlamaCppKV` of a
 target can hold entries at a time: a cache used after another one took the context finds itself empty (its
 tokens are dropped and re-prefilled by the engine's ``keep_prefix_of``), which costs time, never correctness.
+A *persistent* cache (``target.new_kv_cache(persistent=True)``: a chat session's) is parked instead: its
+committed cells are copied out (``llama_state_seq_get_data``) before the other cache clears the context, and
+copied back on its next use, so interleaved conversations each keep their KV (a copy of its bytes per switch).
+
+Snapshots (the prefix cache's and a session's fork, :mod:`ooospec.runtime.agent.session`) are the same copies:
+:meth:`LlamaCppKV.snapshot` copies a prefix of the committed cells out through a spare sequence id
+(``max_leaves - 1``, never a tree's while the widest tree leaves it free), :meth:`LlamaCppKV.load` puts them
+back as sequence 0 (``llama_state_seq_set_data``). The cells keep their ids and positions, so a restored cache
+computes what a prefill of the same tokens computes, up to the accumulation order of cells placed elsewhere
+in the buffer (the same order effect as a tree's rejected siblings leave; below the tie margin).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ooospec.runtime.tokens import common_prefix_len
@@ -54,38 +66,67 @@ def leaf_seqs(tree: DraftTree) -> tuple[list[list[int]], int]:
     return seqs, leaf
 
 
+@dataclass(frozen=True, eq=False)
+class LlamaCppSnapshot:
+    """A copy of the first ``len(tokens)`` committed entries of a :class:`LlamaCppKV`: the cells llama.cpp copied
+    out of one sequence (``data``; it may hold cells past ``tokens``, which :meth:`LlamaCppKV.load` drops), valid
+    for ``target`` only. Never modified once made, so parked caches and snapshots may share one buffer."""
+
+    tokens: tuple[int, ...]
+    data: ctypes.Array | None       # None: no cells
+    target: LlamaCppTarget
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else len(self.data)
+
+
 class LlamaCppKV:
     """The KV cache of one sequence on a :class:`~ooospec.runtime.backends.llamacpp.LlamaCppTarget` (a
-    :class:`~ooospec.runtime.backends.target.TargetCache`). See the module docstring."""
+    :class:`~ooospec.runtime.backends.target.TargetCache`); ``persistent``: parked, not dropped, when another cache
+    takes the context. See the module docstring."""
 
-    def __init__(self, model: LlamaCppTarget):
+    def __init__(self, model: LlamaCppTarget, persistent: bool = False):
         self.model = model
-        self.length = 0
-        self.pending = 0
+        self.persistent = persistent
+        self._parked: LlamaCppSnapshot | None = None   # a persistent cache's cells while another holds the context
+        self._empty()
+
+    def _empty(self) -> None:
+        self.length = self.pending = 0
         self.tokens: list[int] = []
         self._pending_tokens: list[int] = []
         self._pending_seqs: list[list[int]] = []
         self._n_seq = 1   # sequences 0..n_seq-1 hold the committed cells
 
     def _own(self) -> None:
-        """Take the context: if another cache used it since, this cache's entries are gone; start empty."""
-        if self.model.owner is not self:
-            self.model.clear()
-            self.model.owner = self
-            self.length = self.pending = 0
-            self.tokens, self._pending_tokens, self._pending_seqs = [], [], []
-            self._n_seq = 1
+        """Take the context: park the cache that holds it if it is persistent, then start from this cache's parked
+        cells, or empty when another cache used the context since (its entries are gone)."""
+        if self.model.owner is self:
+            return
+        previous = self.model.owner
+        if previous is not None and previous.persistent:
+            previous._park()
+        self.model.clear()
+        self.model.owner = self
+        self._empty()
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            self._restore(parked, len(parked.tokens))
+
+    def _park(self) -> None:
+        """Copy the committed cells out before another cache clears the context (an unfinished forward: none)."""
+        self._parked = self._save(self.length) if self.length and not self.pending else None
 
     def _require_committed(self, what: str) -> None:
         if self.pending:
             raise RuntimeError(f"{what}() called with an uncommitted forward; call commit() first")
 
     def reset(self) -> None:
+        self._parked = None
         self._own()
         self.model.clear()
-        self.length = self.pending = 0
-        self.tokens, self._pending_tokens, self._pending_seqs = [], [], []
-        self._n_seq = 1
+        self._empty()
 
     @property
     def nbytes(self) -> int:
@@ -109,11 +150,52 @@ class LlamaCppKV:
         self.truncate(kept)
         return kept
 
-    def snapshot(self, length: int | None = None):
-        raise NotImplementedError("KV snapshots are not implemented on the llama.cpp backend (use backend 'hf')")
+    def snapshot(self, length: int | None = None) -> LlamaCppSnapshot:
+        """A copy of the first ``length`` (default all) committed entries. A parked cache's shares its parked
+        buffer (the context is not touched); a cache whose entries were dropped gives an empty one."""
+        length = self.length if length is None else int(length)
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot snapshot {length} entries of a cache of {self.length}")
+        if self.model.owner is not self:
+            parked = self._parked
+            if parked is None:
+                return LlamaCppSnapshot((), None, self.model)
+            return LlamaCppSnapshot(parked.tokens[:length], parked.data, self.model)
+        self._require_committed("snapshot")
+        return self._save(length)
 
-    def load(self, snap, length: int | None = None) -> None:
-        raise NotImplementedError("KV snapshots are not implemented on the llama.cpp backend (use backend 'hf')")
+    def load(self, snap: LlamaCppSnapshot, length: int | None = None) -> None:
+        """Replace the contents with the first ``length`` (default all) entries of ``snap``."""
+        if getattr(snap, "target", None) is not self.model:
+            raise ValueError("the snapshot is not of this target's cache; a KV snapshot is only valid for its model")
+        n = len(snap.tokens) if length is None else int(length)
+        if not 0 <= n <= len(snap.tokens):
+            raise ValueError(f"cannot load {n} entries of a snapshot of {len(snap.tokens)}")
+        self.reset()
+        self._restore(snap, n)
+
+    def _save(self, length: int) -> LlamaCppSnapshot:
+        """The first ``length`` committed cells copied out of the context (which this cache holds): through the
+        spare sequence id when that is a strict prefix and the id is free, else every committed cell."""
+        if length == 0:
+            return LlamaCppSnapshot((), None, self.model)
+        spare = self.model.max_leaves - 1
+        if length < self.length and self._n_seq <= spare:
+            self.model.seq_cp(0, spare, 0, length)
+            try:
+                data = self.model.seq_state(spare)
+            finally:
+                self.model.seq_rm(spare, -1, -1)
+        else:
+            data = self.model.seq_state(0)
+        return LlamaCppSnapshot(tuple(self.tokens[:length]), data, self.model)
+
+    def _restore(self, snap: LlamaCppSnapshot, n: int) -> None:
+        """Put the first ``n`` entries of ``snap`` into the emptied context as the committed cells."""
+        if n:
+            self.model.set_seq_state(snap.data, 0)
+            self.model.seq_rm(0, n, -1)
+        self.tokens, self.length = list(snap.tokens[:n]), n
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Append committed tokens in chunks of ``n_batch`` (no logits are computed)."""

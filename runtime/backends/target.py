@@ -92,8 +92,10 @@ class Target(Protocol):
         (:mod:`ooospec.runtime.verify`); 0 where a tree forward rounds like a one-token forward."""
         ...
 
-    def new_kv_cache(self) -> TargetCache:
-        """A new, empty cache of one sequence."""
+    def new_kv_cache(self, persistent: bool = False) -> TargetCache:
+        """A new, empty cache of one sequence. ``persistent``: it keeps its entries while other caches of the target
+        run (a chat session's); a backend whose caches share one store (llama.cpp) copies them out and back, one
+        whose caches are independent (HF) ignores it."""
         ...
 
     def eos_token_ids(self) -> list[int]:

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
 MAX_MATCH = 7        # longest suffix looked up (the OoO-Spec paper: 7 down to 1)
 LONG_MATCH = 4       # a suffix match this long puts the target on a view: its continuation is estimated apart
-# First-token prior of a long match's continuation: `python -m ooospec.eval.hint_replay` on the committed 0.5B reports
-# (eval/reports/bench/hints_ceiling_05b_epyc/) measured 0.78-1.00 for suffixes of 4-7 tokens (gold, real and oracle
-# hints on three benchmarks) against 0.48-1.00 for one-token suffixes.
+# First-token prior of a long match's continuation: `python -m ooospec.eval.bench.hint_replay` on the committed 0.5B
+# reports (eval/reports/cpu/engine/hints_ceiling_05b_epyc/) measured 0.78-1.00 for suffixes of 4-7 tokens (gold,
+# real and oracle hints on three benchmarks) against 0.48-1.00 for one-token suffixes.
 LONG_MATCH_PRIOR = 0.85
 
 
@@ -84,7 +84,7 @@ def render_views(call: Mapping, fmt: ModuleType) -> dict[str, str]:
         arguments  {"x": [1, 2]}
 
     Non-ASCII characters are kept as they are (``ensure_ascii=False``), as the targets print them. Which views
-    make a difference is measured by ``python -m ooospec.eval.hint_replay`` on the committed bench reports.
+    make a difference is measured by ``python -m ooospec.eval.bench.hint_replay`` on the committed bench reports.
     """
     bare = {"name": call["name"], "arguments": call["arguments"]}
     name = json.dumps(bare["name"], ensure_ascii=False)

@@ -1,8 +1,8 @@
 """The chat server: an OpenAI-compatible ``POST /v1/chat/completions`` with tools, on the speculative engine.
 
-Run it with ``ooospec serve --target NAME [--method toolspec|ooospec|ar] [--sidecar URL] [--host 127.0.0.1]
-[--port 8000]`` (loopback by default; the server has no authentication). Endpoints: ``POST /v1/chat/completions``,
-``GET /v1/models``, ``GET /health``. Any OpenAI client works::
+Run it with ``ooospec serve --target NAME [--backend auto|hf|llama.cpp] [--method toolspec|ooospec|ar] [--sidecar
+URL] [--host 127.0.0.1] [--port 8000]`` (loopback by default; the server has no authentication). Endpoints:
+``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``. Any OpenAI client works::
 
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     r = client.chat.completions.create(model="qwen2.5-coder-0.5b", messages=messages, tools=tools)
@@ -28,8 +28,15 @@ only the new tokens; a new conversation with known system + tools starts from th
 
 Limits (:class:`Limits`, checked by :mod:`~ooospec.runtime.serve.admission` before any decoding, all answered with
 4xx and an OpenAI-style ``{"error": {...}}`` body): body size (413) and the time it may take to arrive (408),
-messages, tools, prompt tokens, ``max_tokens`` (400), unknown model (404), waiting requests (429). One
-generation runs at a time (the model is not shared between threads); ``/health`` answers meanwhile.
+messages, tools, prompt tokens, ``max_tokens`` (400), unknown model (404), waiting requests (429). On a target
+with a fixed-size context (the llama.cpp backend's ``n_ctx``) the prompt and ``max_tokens`` must fit it: a request
+that names ``max_tokens`` gets 400 when they do not, the default ``max_tokens`` is cut to what fits
+(:func:`fit_context`). One generation runs at a time (the model is not shared between threads); ``/health``
+answers meanwhile.
+
+Backends: the same app serves a transformers model or a llama.cpp GGUF (:attr:`ChatModel.backend`, reported by
+``/health``): sessions, the prefix cache, streaming and every served method run on both
+(``ooospec serve --backend``, :mod:`ooospec.serve_cli`).
 
 Call log (off unless ``create_app(..., call_log=CallLog(path))`` / ``ooospec serve --call-log PATH``): each
 finished request that showed tools -- its tools, its messages and the answer with the ids the client got -- goes to
@@ -127,6 +134,21 @@ def check_request(req: ChatCompletionRequest, served: str, limits: Limits) -> in
     return max_tokens
 
 
+def fit_context(max_tokens: int, named: bool, prompt_tokens: int, room: int | None) -> int:
+    """``max_tokens`` once it fits the target's context after the prompt (``room``:
+    :meth:`~ooospec.runtime.agent.chat.ChatModel.context_room`; None: no fixed context). A ``max_tokens`` the request
+    ``named`` is refused (400) when it does not fit, the default is cut to ``room``; 400 when nothing fits."""
+    if room is None or max_tokens <= room:
+        return max_tokens
+    if room < 1:
+        raise RequestError(400, f"the prompt ({prompt_tokens} tokens) leaves no room for an answer in the model's "
+                                "context", "messages")
+    if named:
+        raise RequestError(400, f"max_tokens={max_tokens} does not fit the model's context after the prompt "
+                                f"({prompt_tokens} tokens): at most {room}", "max_tokens")
+    return room
+
+
 def assistant_message(turn: ChatTurn) -> tuple[dict, str]:
     """``(message, finish_reason)`` in OpenAI's shape; tool calls get fresh ``call_...`` ids."""
     if turn.calls:
@@ -168,7 +190,7 @@ class _ChatRoutes:
 
     async def health(self) -> dict:
         sessions = self.chat.sessions.stats() if self.chat.sessions is not None else None
-        return {"status": "ok", "model": self.model_name, "method": self.chat.method,
+        return {"status": "ok", "model": self.model_name, "method": self.chat.method, "backend": self.chat.backend,
                 "running": self.state["running"], "waiting": self.state["waiting"], "sessions": sessions}
 
     async def models(self) -> dict:
@@ -212,7 +234,9 @@ class _ChatRoutes:
                                          max_prompt_tokens=limits.max_prompt_tokens)
         except (ValueError, TypeError) as e:
             raise RequestError(400, str(e)[:500], str(e).split(":", 1)[0].split("[", 1)[0][:40]) from None
-        return req, prepared, max_tokens
+        n_prompt = len(prepared.prompt_ids)
+        named = req.max_completion_tokens is not None or req.max_tokens is not None
+        return req, prepared, fit_context(max_tokens, named, n_prompt, self.chat.context_room(n_prompt))
 
     async def run_turn(self, prepared: PreparedTurn, max_tokens: int, on_tokens) -> tuple[ChatTurn, float]:
         """Queue for the worker (429 beyond ``max_waiting``) and decode in a thread; ``on_tokens`` runs after every
@@ -335,7 +359,8 @@ def serve(chat: ChatModel, *, model_name: str, host: str = "127.0.0.1", port: in
         logger.warning("serving on %s: the chat server has no authentication; keep it on loopback (127.0.0.1) "
                        "unless the network is yours", host)
     app = create_app(chat, model_name=model_name, limits=limits, call_log=call_log)
-    logger.info("chat server for %s (method %s) on http://%s:%d/v1", model_name, chat.method, host, port)
+    logger.info("chat server for %s (method %s, backend %s) on http://%s:%d/v1", model_name, chat.method,
+                chat.backend, host, port)
     if call_log is not None:
         logger.info("recording requests with tools in %s", call_log.path)
     try:

@@ -45,7 +45,8 @@ from typing import Any
 
 from ooospec.runtime.drafters.hints import HintBank
 from ooospec.runtime.sidecar import prompts as sp
-from ooospec.runtime.sidecar.gate import WaveDecision, WaveGate
+from ooospec.runtime.sidecar.gate import WaveGate
+from ooospec.runtime.sidecar.gate_decision import WaveDecision
 from ooospec.runtime.sidecar.outcome import outcome_of
 from ooospec.runtime.sidecar.prompts import join_answers
 from ooospec.runtime.sidecar.protocol import (

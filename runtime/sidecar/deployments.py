@@ -1,17 +1,17 @@
 """Where the sidecar runs next to the target: ONE table (:data:`DEPLOYMENTS`) that ``ooospec serve --sidecar-gate``,
 ``ooospec bench --sidecar-deploy / --sidecar-gate``, the agent bench and the transfer stage read.
 
-Each deployment has a name, a one-line summary, the wave gate's prior for it (:class:`~ooospec.runtime.sidecar.gate.
-Estimates`: what a wave costs the target there) and, where ``ooospec bench`` can set it up on one CPU box, how the
-bench places the sidecar server and the target (:class:`Placement`; the baselines always run at the bench's own
-threads)::
+Each deployment has a name, a one-line summary, the wave gate's prior for it
+(:class:`~ooospec.runtime.sidecar.gate_pricing.Estimates`: what a wave costs the target there) and, where ``ooospec
+bench`` can set it up on one CPU box, how the bench places the sidecar server and the target (:class:`Placement`;
+the baselines always run at the bench's own threads)::
 
     deployment   sidecar server (bench)           target during an ooospec call        wave gate prior
     shared       all cores, bench threads         all cores, bench threads             skip (interference 1)
     split        pinned to the last core, 1 thr.  pinned to the other cores            send (interference 0.05)
     wave-first   all cores, bench threads         all cores, after the wave is ready   skip (all of it is cost)
                  (method ooospec-wave-first: the same in vLLM; its client-side gate prices a hint token at vLLM's
-                 chain marginal, eval/vllm_runs.py VLLM_CHAIN_MARGINAL, and sends where the target is slow)
+                 chain marginal, eval/vllm/runs.py VLLM_CHAIN_MARGINAL, and sends where the target is slow)
     dedicated    EMULATED (method ooospec-dedicated, beside the run's ooospec): the wave timed   send (interf. 0)
                  alone first on the run's server; the target then sees its hints at the measured latency
     remote       another machine or an idle accelerator (not set up by the bench)      send
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ooospec.runtime.sidecar.gate import Estimates
+from ooospec.runtime.sidecar.gate_pricing import Estimates
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Deployment:
 
     name: str
     summary: str
-    prior: Estimates                        # the wave gate's prior (runtime/sidecar/gate.py)
+    prior: Estimates                        # the wave gate's prior (runtime/sidecar/gate_pricing.py)
     placement: Placement | None = None      # None: the bench cannot set it up on its own box
     target_waits: bool = False              # the target starts decoding only once the wave is ready
     emulated: bool = False                  # the bench replays the wave's measured latency (not a real placement)

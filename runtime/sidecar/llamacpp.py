@@ -15,7 +15,7 @@ greedily, all live branches in one ``llama_decode`` per step (a branch may carry
 :class:`~ooospec.runtime.sidecar.wave.AnswerDrafter`, kept as far as greedy decoding agrees). Answers are greedy
 decoding of ``block + query`` on this backend; llama.cpp's batched kernels round differently from its one-token
 ones, so an answer can differ from a lone decode at a near-tie, and from the transformers sidecar where bf16 and
-the GGUF's kernels disagree (measured: ``eval/reports/sidecar-engines/``).
+the GGUF's kernels disagree (measured: ``eval/reports/sidecar/engines/``).
 
     sidecar = LlamaCppSidecar.from_adapter("adapters/sidecar", threads=2)   # or engines.load_sidecar(engine=...)
     call, result = sidecar.predict(messages, tools)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ooospec.runtime.calls import compact_json
-from ooospec.runtime.sidecar.gate import Kind, WaveDecision
+from ooospec.runtime.sidecar.gate_decision import WaveDecision
+from ooospec.runtime.sidecar.gate_pricing import Kind
 
 
 @dataclass(frozen=True)

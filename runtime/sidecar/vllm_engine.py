@@ -9,12 +9,12 @@ KV blocks); the others then start from the cached block and recompute only its l
 tokens, and every live query then advances one token per engine step (:class:`VllmWaves`). KV blocks are
 :data:`DEFAULT_BLOCK_SIZE` tokens, not vLLM's CPU default of 128: each query recomputes the block's partial tail,
 and a warm toolbox is cached only up to its last full KV block (measured: a function-first wave alone 18% faster at
-the median on 30 ``bfcl-simple-python`` requests, ``eval/reports/sidecar-engines/`` section 4). The cache keeps
+the median on 30 ``bfcl-simple-python`` requests, ``eval/reports/sidecar/engines/`` section 4). The cache keeps
 earlier blocks, so a wave whose toolbox an earlier wave saw prefills only its conversation (tools-first layout).
 
 Answers are greedy decoding of ``block + query`` on vLLM in the sidecar's dtype: equal to the transformers
 engine's where the two backends' kernels agree, a bf16 near-tie apart elsewhere (measured:
-``eval/reports/sidecar-engines/``). Drafts are vLLM's own n-gram speculation (:data:`DEFAULT_NGRAM_TOKENS`: an
+``eval/reports/sidecar/engines/``). Drafts are vLLM's own n-gram speculation (:data:`DEFAULT_NGRAM_TOKENS`: an
 argument value is mostly a span of the conversation), verified greedily, so they change the steps, not the answers.
 
     sidecar = VllmSidecar.from_adapter("adapters/sidecar", threads=2, dtype="bf16")   # or engines.load_sidecar

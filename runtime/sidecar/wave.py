@@ -157,6 +157,22 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
     poll("after the prefill")
     queries = build_tree(block_ids[-1], query_ids, max_nodes=sum(len(q) for q in query_ids))
     branches, which = _query_branches(kv, queries, query_ids, logprobs)
+    n_forwards, drafted, accepted = _decode_until_done(kv, num_block, queries, branches, draft, done, poll, logprobs)
+    t2 = time.perf_counter()
+    stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
+             "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted,
+             "cached_tokens": cached}
+    if logprobs:
+        stats["top_logprobs"] = [list(branches[w].logprobs) for w in which]
+    return [list(branches[w].out) for w in which], stats
+
+
+def _decode_until_done(kv: KVCache, num_block: int, queries: DraftTree, branches: Sequence[_Branch],
+                       draft: Callable[[_Branch], DraftTree], done: Callable[[_Branch], bool],
+                       poll: Callable[[str], None], logprobs: int = 0) -> tuple[int, int, int]:
+    """Advance the branches :func:`_query_branches` started, one forward over every live branch's draft tree at a
+    time (``poll`` before each), until each is ``done``. Returns ``(forwards, drafted, accepted)``: the forwards
+    after the prefill (the query tree's included) and the draft tokens fed and accepted."""
     key_pos = list(range(num_block)) + [num_block - 1 + d for d in queries.depths[1:]]   # [kv.length]
     n_forwards, drafted, accepted = 1, 0, 0
     live = [b for b in branches if not done(b)]
@@ -166,13 +182,7 @@ def decode_branches(model, block_ids: Sequence[int], query_ids: Sequence[Sequenc
         num_drafted, num_accepted = _advance_branches(kv, forest, live, key_pos, done, logprobs)
         n_forwards, drafted, accepted = n_forwards + 1, drafted + num_drafted, accepted + num_accepted
         live = [b for b in live if not done(b)]
-    t2 = time.perf_counter()
-    stats = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "n_forwards": n_forwards, "block_tokens": num_block,
-             "query_tokens": queries.num_nodes - 1, "drafted": drafted, "accepted": accepted,
-             "cached_tokens": cached}
-    if logprobs:
-        stats["top_logprobs"] = [list(branches[w].logprobs) for w in which]
-    return [list(branches[w].out) for w in which], stats
+    return n_forwards, drafted, accepted
 
 
 def _advance_branches(kv: KVCache, forest: Forest, live: Sequence[_Branch], key_pos: list[int],

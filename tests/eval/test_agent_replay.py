@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ooospec.eval import agent_replay as AR
+from ooospec.eval.agent import replay as AR
 from ooospec.pipelines.records import write_jsonl
 from tests.runtime.chat_tiny import ANSWER, CALL, RESULT, TOOLS, USER, trained_chat_model
 

@@ -1,4 +1,4 @@
-"""The agent bench with the target in vLLM (eval/agent_vllm.py), without vLLM: a stand-in ``vllm`` module whose
+"""The agent bench with the target in vLLM (eval/agent/in_vllm.py), without vLLM: a stand-in ``vllm`` module whose
 ``LLM`` decodes greedily with the tiny chat model that knows one tool conversation, and records every request's
 ``extra_args`` and prefix-cache resets."""
 
@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from ooospec.eval import agent_vllm
-from ooospec.eval.agent_replay import Dialogue, summarize
+from ooospec.eval.agent import in_vllm as agent_vllm
+from ooospec.eval.agent.replay import Dialogue, summarize
 from ooospec.runtime.drafters.hints import HintBank
 from ooospec.runtime.formats import hermes
 from tests.runtime.chat_tiny import CALL, RESULT, TOOLS, USER, trained_chat_model
@@ -148,7 +148,7 @@ def test_stateless_empties_the_prefix_cache_every_turn(fake_vllm):
 
 
 def test_hint_schedule_counts_from_now_and_ignores_other_guesses():
-    from ooospec.eval.ooospec_method import ReleasedGuess
+    from ooospec.eval.bench.ooospec_method import ReleasedGuess
 
     bank = HintBank.from_calls([CALL], hermes, trained_chat_model()[1])
     guess = ReleasedGuess(None, [(0.5, bank), (5.0, bank)])
@@ -179,7 +179,7 @@ def test_summary_prices_each_variant_against_sessions():
 
 
 def test_without_stateless_turns_exactness_is_against_sessions():
-    from ooospec.eval.agent_replay import mark_exact
+    from ooospec.eval.agent.replay import mark_exact
 
     rows = [{"id": "d", "latency_s": 2.0, "variant": v, "texts": t}
             for v, t in (("sessions", ["a", "b"]), ("speculative", ["a", "b"]), ("dedicated", ["a", "c"]))]
@@ -250,7 +250,7 @@ def test_the_history_variant_reruns_earlier_calls_and_the_summary_names_hit_sour
     """``history``: no sidecar, the loop's earlier calls started at each turn's arrival (here the one call, again
     at the final turn: wasted, text unchanged); it needs ``--speculate-history`` >= 1. The summary counts hits by
     source and the table names them when the history served any."""
-    from ooospec.eval.agent_replay import check_history_variants, markdown_table
+    from ooospec.eval.agent.replay import check_history_variants, markdown_table
 
     llm, tok = fake_vllm
     rows = [agent_vllm.replay_vllm(_chat(llm, tok, v), DIALOGUE, 0.0, v, speculator="gold", max_new_tokens=24,

@@ -14,7 +14,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ooospec import cli
-from ooospec.eval import bench_data, bench_methods, harness, hint_sources, peers, summaries
+from ooospec.eval.bench import data as bench_data
+from ooospec.eval.bench import harness, hint_sources, peers, summaries
+from ooospec.eval.bench import methods as bench_methods
 from ooospec.pipelines.records import call, make_record, tool, write_jsonl
 from ooospec.runtime import methods
 from ooospec.runtime.backends import hardware
@@ -398,8 +400,8 @@ def test_ooospec_oracle_and_gold_hints_change_no_token_on_float64_targets(kind):
 
 def test_the_oracle_bank_is_built_from_ar_calls_not_gold():
     """The oracle hints with the call the target wrote (Paris), never with the record's gold call (Oslo)."""
-    from ooospec.eval.method_api import BenchContext
-    from ooospec.eval.ooospec_method import OracleHints
+    from ooospec.eval.bench.method_api import BenchContext
+    from ooospec.eval.bench.ooospec_method import OracleHints
     from ooospec.runtime.drafters.hints import HintBank
 
     model, tok, records = float64_bench("trained")
@@ -422,8 +424,8 @@ def test_the_oracle_bank_is_built_from_ar_calls_not_gold():
 
 
 def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
-    from ooospec.eval.method_api import BenchContext
-    from ooospec.eval.ooospec_method import OracleHints
+    from ooospec.eval.bench.method_api import BenchContext
+    from ooospec.eval.bench.ooospec_method import OracleHints
 
     model, tok = target
     fmt = detect_format(tok)
@@ -443,7 +445,7 @@ def test_the_oracle_refuses_without_ar_output_of_the_same_request(target):
 
 @pytest.mark.parametrize("mode", ["hanging", "invalid_json"])
 def test_ooospec_with_a_broken_sidecar_is_exact_and_never_waits(target, mode):
-    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.eval.bench.ooospec_method import SidecarHints
     from ooospec.runtime.sidecar.client import SidecarClient
     from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
     from tests.runtime.sidecar_servers import StandIn
@@ -479,8 +481,8 @@ def test_ooospec_without_hint_source_is_refused(target):
 def test_the_hint_flags_become_typed_hint_options():
     import argparse
 
-    from ooospec.eval import bench
-    from ooospec.eval.ooospec_method import GoldHints, OracleHints
+    from ooospec.eval.bench import cli as bench
+    from ooospec.eval.bench.ooospec_method import GoldHints, OracleHints
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
@@ -606,7 +608,7 @@ def test_warm_tools_refuses_the_methods_that_always_start_cold(target):
 def test_warm_tools_prefills_the_sidecar_toolbox_before_the_clock(target, results):
     """--warm-tools with a real sidecar server (tiny model, tools-first layout, block KV cache): each request's
     toolbox is prefilled untimed, so its wave starts from it; the target's tokens stay ar's."""
-    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.eval.bench.ooospec_method import SidecarHints
     from ooospec.runtime.agent.session import PrefixCache
     from ooospec.runtime.serve.sidecar_app import create_app
     from ooospec.runtime.sidecar.client import SidecarClient
@@ -682,7 +684,8 @@ def test_llamacpp_peers_need_a_gguf_and_hf_peers_need_hf(target):
 def test_sidecar_wave_options_reach_the_client():
     import argparse
 
-    from ooospec.eval import bench, hint_sources
+    from ooospec.eval.bench import cli as bench
+    from ooospec.eval.bench import hint_sources
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
@@ -703,7 +706,7 @@ def test_released_guess_replays_each_bank_at_its_measured_latency():
     final one at the final latency, both counted from the target's start, never before."""
     import time
 
-    from ooospec.eval.ooospec_method import ReleasedGuess
+    from ooospec.eval.bench.ooospec_method import ReleasedGuess
     from ooospec.runtime.drafters.hints import HintBank
 
     early, final = HintBank({"v": [1, 2]}), HintBank({"v": [1, 2, 3]})
@@ -723,7 +726,7 @@ def test_released_guess_replays_each_bank_at_its_measured_latency():
 
 
 def test_the_dedicated_emulation_times_the_wave_alone_and_keeps_the_output(target, results):
-    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.eval.bench.ooospec_method import SidecarHints
     from ooospec.runtime.serve.sidecar_app import create_app
     from ooospec.runtime.sidecar.client import SidecarClient
     from ooospec.runtime.sidecar.deployments import DEPLOYMENTS

@@ -1,10 +1,10 @@
-"""eval/bench_report.py on a hand-made results dict: the markdown table, the PNG and the module CLI."""
+"""eval/bench/report.py on a hand-made results dict: the markdown table, the PNG and the module CLI."""
 
 from __future__ import annotations
 
 import json
 
-from ooospec.eval import bench_report
+from ooospec.eval.bench import report as bench_report
 
 
 def hand_results() -> dict:
@@ -64,7 +64,7 @@ def test_module_cli(tmp_path, capsys):
 
 
 def test_hint_table_only_for_methods_with_hints():
-    from ooospec.eval import bench_report
+    from ooospec.eval.bench import report as bench_report
 
     res = {"methods": {"ar": {"n": 2}, "ooospec": {"n": 2, "hints": {
         "n": 2, "ready_before_first_tree": 0.5, "ready_before_end": 1.0, "used": 0.5,
@@ -80,7 +80,7 @@ def test_hint_table_only_for_methods_with_hints():
 
 
 def test_hint_sources_table_puts_oracle_gold_and_real_side_by_side():
-    from ooospec.eval import bench_report
+    from ooospec.eval.bench import report as bench_report
 
     def hinted(source, accepted, mat):
         return {"n": 3, "mat": mat, "hints": {"n": 3, "source": source, "mean_hint_tokens_accepted": accepted}}
@@ -106,7 +106,7 @@ def test_hint_sources_table_puts_oracle_gold_and_real_side_by_side():
 
 
 def test_the_report_names_the_sidecar_adapter():
-    from ooospec.eval import bench_report
+    from ooospec.eval.bench import report as bench_report
 
     res = {"methods": {}, "examples": [], "env": {"sidecar_adapter": {
         "path": "/a/sidecar", "sha256": "ab" * 32, "layout_version": 2, "url": None}}}
@@ -118,8 +118,8 @@ def test_the_report_names_the_sidecar_adapter():
 
 
 def test_wave_is_compared_with_the_median_toolspec_call_of_the_same_run():
-    from ooospec.eval import bench_report
-    from ooospec.eval.ooospec_method import summarize_hints
+    from ooospec.eval.bench import report as bench_report
+    from ooospec.eval.bench.ooospec_method import summarize_hints
 
     rows = [{"hints": {"wave_s": w, "ready_s": w + 0.01, "ready_step": 0, "num_accepted_tokens": 1,
                        "server": {"prefill_s": w / 2, "decode_s": w / 4}}} for w in (0.4, 0.1, 0.3, 0.2, 1.0)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ooospec.eval import call_quality as cq
+from ooospec.eval.substrate import call_quality as cq
 
 GOLD = [{"name": "book", "arguments": {"city": "Paris", "nights": 2, "tags": ["a", "b"]}}]
 

@@ -18,11 +18,11 @@ EVAL = ROOT / "eval"
 PACKAGE = "ooospec.eval"
 
 # command lines and stage entry points: flags, printing, writing files; nothing in eval/ imports them
-CLI_MODULES = {"bench", "agent_bench", "transfer", "sidecar_report", "sidecar_compare", "substrate", "hint_replay",
-               "vllm_bench", "sidecar_engines", "vllm_load", "own_calls", "vllm_substrate"}
+CLI_MODULES = {"bench.cli", "agent.cli", "transfer.stage", "sidecar.report", "sidecar.compare", "substrate.cli",
+               "bench.hint_replay", "vllm.bench", "sidecar.engines", "vllm.load", "sidecar.own_calls", "vllm.substrate"}
 # report modules whose job is rendering (others import them) and which also carry a small command-line front
-REPORT_MODULES_WITH_CLI = {"bench_report", "transfer_report", "vllm_report", "own_calls_report", "roofline",
-                           "quantized_report", "call_quality"}
+REPORT_MODULES_WITH_CLI = {"bench.report", "transfer.report", "vllm.report", "sidecar.own_calls_report",
+                           "substrate.roofline", "substrate.quantized", "substrate.call_quality", "vllm.headline"}
 # hand-written markdown tables left as they are, by (file, top-level definition): why each is not md_table's
 TABLE_EXCEPTIONS = {
     ("pipelines/export_adapter.py", "DATA_LICENSES"): "static license text, copied verbatim into the model card",
@@ -33,7 +33,10 @@ TABLE_SEPARATOR = re.compile(r"\|\s*:?-{3,}:?\s*\||-{3,}:?\|")
 
 
 def eval_modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(encoding="utf-8"), filename=str(p)) for p in sorted(EVAL.glob("*.py"))}
+    """``{name: tree}`` for every module of ``eval/``, named from ``eval/`` (``bench.harness``, ``environment``)."""
+    return {".".join(p.relative_to(EVAL).with_suffix("").parts): ast.parse(p.read_text(encoding="utf-8"),
+                                                                          filename=str(p))
+            for p in sorted(EVAL.rglob("*.py")) if p.name not in {"__init__.py", "__main__.py"}}
 
 
 def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
@@ -45,8 +48,8 @@ def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
 
 
 def eval_imports(tree: ast.Module, known: set[str]) -> set[str]:
-    """The ``eval/`` modules one module imports (``from ooospec.eval import a``, ``from ooospec.eval.b import x``,
-    ``import ooospec.eval.c``)."""
+    """The ``eval/`` modules one module imports, named from ``eval/`` (``from ooospec.eval.bench import harness``,
+    ``from ooospec.eval.bench.data import x``, ``import ooospec.eval.environment``)."""
     out = set()
     for node in _runtime_imports(tree):
         if isinstance(node, ast.Import):
@@ -55,7 +58,10 @@ def eval_imports(tree: ast.Module, known: set[str]) -> set[str]:
             raise AssertionError(f"relative import in eval/ (line {node.lineno}); use ooospec.eval.*")
         else:
             names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-        out |= {n.split(".")[2] for n in names if n.startswith(PACKAGE + ".") and n.split(".")[2] in known}
+        for n in names:
+            rest = n.removeprefix(PACKAGE + ".")
+            if n.startswith(PACKAGE + ".") and rest in known:
+                out.add(rest)
     return out
 
 
@@ -131,7 +137,7 @@ def test_table_separators_are_recognised(tmp_path):
 def test_every_eval_module_is_classified_and_exists():
     names = set(eval_modules())
     assert CLI_MODULES | REPORT_MODULES_WITH_CLI <= names
-    assert {"harness", "method_api", "ooospec_method"} <= names
+    assert {"bench.harness", "bench.method_api", "bench.ooospec_method"} <= names
 
 
 def test_eval_modules_import_each_other_without_a_cycle():
@@ -153,15 +159,34 @@ def test_only_command_lines_import_argparse():
 
 def test_the_harness_is_a_library():
     graph = import_graph()
-    assert "harness" in graph["bench"] and "bench_report" in graph["bench"]
-    assert not graph["harness"] & (CLI_MODULES | REPORT_MODULES_WITH_CLI)
+    assert "bench.harness" in graph["bench.cli"] and "bench.report" in graph["bench.cli"]
+    assert not graph["bench.harness"] & (CLI_MODULES | REPORT_MODULES_WITH_CLI)
 
 
 def test_markdown_tables_go_through_md_table():
-    files = sorted(EVAL.glob("*.py")) + sorted((ROOT / "pipelines").rglob("*.py"))
+    files = sorted(EVAL.rglob("*.py")) + sorted((ROOT / "pipelines").rglob("*.py"))
     found = {(p.relative_to(ROOT).as_posix(), owner): line for p in files for owner, line in table_literals(p)}
     unexpected = {f"{f}:{line} ({owner})" for (f, owner), line in found.items() if (f, owner) not in TABLE_EXCEPTIONS}
     assert not unexpected, ("hand-written markdown tables; render them with ooospec.reporting.md_table: "
                             + ", ".join(sorted(unexpected)))
     stale = set(TABLE_EXCEPTIONS) - set(found)
     assert not stale, f"TABLE_EXCEPTIONS names tables that are gone: {sorted(stale)}"
+
+
+# --------------------------------------------------------------------------------------------- eval/reports/
+
+MAX_TOPIC_REPORTS = 5
+
+
+def test_reports_are_the_transfer_headline_and_a_few_topics():
+    """``eval/reports/`` holds the transfer report and at most :data:`MAX_TOPIC_REPORTS` topic folders; each opens
+    with a README whose first block (after its title) is the command that regenerates it."""
+    folders = sorted(p for p in (ROOT / "eval" / "reports").iterdir() if p.is_dir())
+    names = {p.name for p in folders}
+    assert "transfer" in names and len(names - {"transfer"}) <= MAX_TOPIC_REPORTS, sorted(names)
+    for folder in folders:
+        readme = folder / "README.md"
+        assert readme.is_file(), f"{folder.relative_to(ROOT)}: no README.md"
+        lines = [line for line in readme.read_text(encoding="utf-8").splitlines() if line.strip()]
+        assert lines[0].startswith("# ") and lines[1].startswith("```bash"), (
+            f"{readme.relative_to(ROOT)}: the title, then the command that regenerates it")

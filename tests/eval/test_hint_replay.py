@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ooospec.eval.hint_replay import Summary, bank_of, main, replay, replay_report, source_calls, to_markdown
+from ooospec.eval.bench.hint_replay import Summary, bank_of, main, replay, replay_report, source_calls, to_markdown
 from ooospec.runtime.drafters.hints import HintBank
 from ooospec.runtime.formats import hermes
 from tests.pipelines.sidecar_tiny import byte_tokenizer

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ooospec.eval import own_calls, own_calls_report
+from ooospec.eval.sidecar import own_calls, own_calls_report
 from ooospec.runtime.call_log import SERVE, log_line
 from ooospec.runtime.formats.messages import openai_messages
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ooospec.eval import quantized_report
+from ooospec.eval.substrate import quantized as quantized_report
 
 CALL = {"name": "f", "arguments": {"x": 1}}
 GOOD = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'

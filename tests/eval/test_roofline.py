@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ooospec.eval import roofline
+from ooospec.eval.substrate import roofline
 
 SIZES = (1, 2, 4, 8, 16, 32)
 

@@ -1,10 +1,10 @@
-"""eval/sidecar_compare.py: the adapter comparison reads two transfer runs and picks by hint tokens accepted."""
+"""eval/sidecar/compare.py: the adapter comparison reads two transfer runs and picks by hint tokens accepted."""
 
 import json
 
 import pytest
 
-from ooospec.eval import sidecar_compare as sc
+from ooospec.eval.sidecar import compare as sc
 
 CALL_A = {"name": "f", "arguments": {"x": 1, "y": "b"}}
 CALL_A_REORDERED = {"arguments": {"y": "b", "x": 1}, "name": "f"}

@@ -1,8 +1,8 @@
-"""The wave-alone comparison (eval/sidecar_engines.py): its waves, scores and agreement on hand-made rows."""
+"""The wave-alone comparison (eval/sidecar/engines.py): its waves, scores and agreement on hand-made rows."""
 
 from __future__ import annotations
 
-from ooospec.eval import sidecar_engines as se
+from ooospec.eval.sidecar import engines as se
 from ooospec.runtime.sidecar import prompts as sp
 from tests.runtime.sidecar.test_prompts import MESSAGES, TIME, WEATHER
 

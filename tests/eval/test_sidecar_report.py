@@ -1,4 +1,4 @@
-"""eval/sidecar_report.py on hand-made metrics: run specs, the table's values and the PNG."""
+"""eval/sidecar/report.py on hand-made metrics: run specs, the table's values and the PNG."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ooospec.eval import sidecar_report as sr
+from ooospec.eval.sidecar import report as sr
 
 
 def metrics(base: str, fn_acc: float, median_ms: float) -> tuple[dict, dict]:

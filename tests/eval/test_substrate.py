@@ -11,7 +11,7 @@ if os.environ.get("CI"):
 else:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (python -m ooospec.llamacpp_install)")
 
-from ooospec.eval import substrate
+from ooospec.eval.substrate import cli as substrate
 from tests.runtime.tiny_gguf import make_tiny_gguf
 
 

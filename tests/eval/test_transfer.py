@@ -11,7 +11,11 @@ import pytest
 import torch
 import yaml
 
-from ooospec.eval import bench_methods, harness, hint_sources, transfer, transfer_cell, transfer_params
+from ooospec.eval.bench import harness, hint_sources
+from ooospec.eval.bench import methods as bench_methods
+from ooospec.eval.transfer import cell as transfer_cell
+from ooospec.eval.transfer import params as transfer_params
+from ooospec.eval.transfer import stage as transfer
 from ooospec.pipelines.params import from_dict, load_section
 from ooospec.pipelines.records import write_jsonl
 from ooospec.runtime.formats import detect_format
@@ -67,7 +71,7 @@ def test_stage_writes_every_output(stage):
 
 def test_reports_rebuilt_from_the_json_are_byte_identical(stage, tmp_path):
     """The reports depend on the stage's JSON only (and deterministically): rebuilt from the file they match."""
-    from ooospec.eval import transfer_report
+    from ooospec.eval.transfer import report as transfer_report
 
     out, _, _ = stage
     saved = json.loads((out / "report/transfer.json").read_text())

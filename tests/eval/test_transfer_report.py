@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ooospec.eval import transfer_html, transfer_notes, transfer_tables
-from ooospec.eval import transfer_report as R
+from ooospec.eval.transfer import html as transfer_html
+from ooospec.eval.transfer import notes as transfer_notes
+from ooospec.eval.transfer import report as R
+from ooospec.eval.transfer import tables as transfer_tables
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "transfer_results.json"
 
@@ -203,7 +205,7 @@ def test_write_reports(results, tmp_path):
 def test_wandb_run_logs_the_report_tables(results, tmp_path, monkeypatch):
     """W&B gets the same Table objects as the documents (disabled mode: the calls run, nothing is written)."""
     pytest.importorskip("wandb")
-    from ooospec.eval import transfer
+    from ooospec.eval.transfer import stage as transfer
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     logged = {}
@@ -225,8 +227,8 @@ def test_wandb_run_logs_the_report_tables(results, tmp_path, monkeypatch):
 
 def test_regenerate_commands_name_the_run_and_its_own_report_folder(results):
     default = {**results, "command": "dvc repro transfer",
-               "full_command": "python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer-full "
-                               "metrics/transfer-full.json --params eval/transfer_full.yaml"}
+               "full_command": "python -m ooospec.eval.transfer data/transfer-full eval/reports/transfer/full "
+                               "metrics/transfer-full.json --params eval/transfer/full.yaml"}
     md = R.markdown(default)
     assert "Regenerate: `dvc repro transfer`; the full matrix: `python -m ooospec.eval.transfer" in md
     assert "ooospec transfer-report eval/reports/transfer/transfer.json" in transfer_html.html_page(default, {})
@@ -235,5 +237,5 @@ def test_regenerate_commands_name_the_run_and_its_own_report_folder(results):
     assert md.count(full["full_command"]) == 1 and "Regenerate (this is the full matrix)" in md
     page = transfer_html.html_page(full, {})
     assert page.count(full["full_command"]) == 1
-    rebuild = "ooospec transfer-report eval/reports/transfer-full/transfer.json --out-dir eval/reports/transfer-full"
+    rebuild = "ooospec transfer-report eval/reports/transfer/full/transfer.json --out-dir eval/reports/transfer/full"
     assert rebuild in page

@@ -9,8 +9,11 @@ from typing import ClassVar
 
 import pytest
 
-from ooospec.eval import bench_data, vllm_report, vllm_runs
-from ooospec.eval import vllm_bench as vb
+from ooospec.eval.bench import data as bench_data
+from ooospec.eval.vllm import bench as vb
+from ooospec.eval.vllm import report as vllm_report
+from ooospec.eval.vllm import runs as vllm_runs
+from ooospec.eval.vllm import waves as vllm_waves
 
 
 def test_each_method_gets_its_speculative_config():
@@ -235,7 +238,7 @@ def test_dedicated_schedules_refuse_a_sidecar_that_answers_nothing():
 
     record = {"id": "r", "messages": USER, "tools": TOOLS}
     with pytest.raises(SystemExit, match="no wave of the 1 requests"):
-        vllm_runs.dedicated_schedules("http://127.0.0.1:9", [record], trained_chat_model()[1], hermes,
+        vllm_waves.dedicated_schedules("http://127.0.0.1:9", [record], trained_chat_model()[1], hermes,
                                       wave={"wave": "all", "top_k": 2}, warm_tools=True, timeout=5.0)
 
 
@@ -288,7 +291,7 @@ def test_dedicated_schedules_cold_forget_every_earlier_block(warm_tools):
     stub = _StubSidecar()
     try:
         with pytest.raises(SystemExit, match="no wave of the 2 requests"):
-            vllm_runs.dedicated_schedules(stub.url, records, trained_chat_model()[1], hermes,
+            vllm_waves.dedicated_schedules(stub.url, records, trained_chat_model()[1], hermes,
                                           wave={"wave": "all", "top_k": 2}, warm_tools=warm_tools, timeout=5.0)
     finally:
         stub.close()
@@ -308,7 +311,7 @@ def test_dedicated_schedules_cold_refuse_a_server_that_keeps_its_blocks():
     stub = _StubSidecar(reset=404)
     try:
         with pytest.raises(SystemExit, match="did not forget its blocks"):
-            vllm_runs.dedicated_schedules(stub.url, [{"id": "r", "messages": USER, "tools": TOOLS}],
+            vllm_waves.dedicated_schedules(stub.url, [{"id": "r", "messages": USER, "tools": TOOLS}],
                                           trained_chat_model()[1], hermes, wave={"wave": "all", "top_k": 2},
                                           warm_tools=False, timeout=5.0)
     finally:
@@ -328,7 +331,7 @@ def _wave_first(url: str, *, warm_tools: bool, gate=None):
     from ooospec.runtime.formats import hermes
     from tests.runtime.chat_tiny import trained_chat_model
 
-    return vllm_runs.WaveFirst(url, trained_chat_model()[1], hermes, wave={"wave": "all", "top_k": 2},
+    return vllm_waves.WaveFirst(url, trained_chat_model()[1], hermes, wave={"wave": "all", "top_k": 2},
                                warm_tools=warm_tools, gate=gate, timeout=10.0)
 
 
@@ -374,9 +377,9 @@ def test_wave_first_cold_refuses_a_server_that_keeps_its_blocks_and_a_skipping_g
         schedule, info = wf.run(record, __import__("time").perf_counter())
     assert schedule == [] and info["decision"]["decision"] == "skip" and server.received == []
     assert info["decision"]["num_queries"] == 0
-    assert vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="off")) is None
-    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
-    assert gate.prior.target_waits and gate.prior.marginal == vllm_runs.VLLM_CHAIN_MARGINAL
+    assert vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="off")) is None
+    gate = vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    assert gate.prior.target_waits and gate.prior.marginal == vllm_waves.VLLM_CHAIN_MARGINAL
 
 
 def test_wave_first_prices_the_target_with_its_first_request_then_gates_and_learns():
@@ -388,8 +391,8 @@ def test_wave_first_prices_the_target_with_its_first_request_then_gates_and_lear
     from tests.runtime.sidecar_servers import MESSAGES, TOOLS, StandIn
 
     record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
-    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
-    assert gate.prior_weight == vllm_runs.WAVE_FIRST_PRIOR_WEIGHT
+    gate = vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    assert gate.prior_weight == vllm_waves.WAVE_FIRST_PRIOR_WEIGHT
     with StandIn("by_query") as server:
         wf = _wave_first(server.url, warm_tools=True, gate=gate)
         schedule, info = wf.run(record, time.perf_counter())
@@ -416,7 +419,7 @@ def test_wave_first_learns_the_accept_rate_from_the_hint_tokens_only_its_hints_p
 
     record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
     key = tools_key(TOOLS)
-    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    gate = vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
     with StandIn("by_query") as server:
         wf = _wave_first(server.url, warm_tools=True, gate=gate)
         wf.run(record, time.perf_counter())
@@ -446,7 +449,7 @@ def test_wave_first_teaches_the_gate_the_value_lengths_of_the_calls_the_target_w
     from tests.runtime.sidecar_servers import MESSAGES, TOOLS
 
     record = {"id": "r", "messages": MESSAGES, "tools": TOOLS}
-    gate = vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
+    gate = vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="shared"))
     wf = _wave_first("http://127.0.0.1:9", warm_tools=True, gate=gate)
     wf.run(record, time.perf_counter())                                   # the first request: no wave
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, France"}}\n</tool_call>'
@@ -462,7 +465,7 @@ def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(mo
     seen = []
 
     class FakeWaveFirst:
-        client = types.SimpleNamespace(gate=vllm_runs.wave_first_gate(argparse.Namespace(sidecar_gate="shared")))
+        client = types.SimpleNamespace(gate=vllm_waves.wave_first_gate(argparse.Namespace(sidecar_gate="shared")))
 
         def prepare(self, record):
             seen.append(("prepare", record["id"]))
@@ -474,7 +477,7 @@ def test_gate_warmup_teaches_the_gate_on_untimed_requests_and_records_nothing(mo
         def observe(self, target_s, new_tokens, forwards, hint_only=None, text=None):
             seen.append(("observe", new_tokens, forwards, hint_only))
 
-    monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
+    monkeypatch.setattr(vllm_waves.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
     records = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(2)]
     warmup = [{"id": f"w{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(3)]
     args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
@@ -584,7 +587,7 @@ def test_paired_wave_first_alternates_the_arms_each_from_the_same_cache_state(mo
         def observe(self, *a, **kw):
             self.seen.append(("observe",))
 
-    monkeypatch.setattr(vllm_runs.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
+    monkeypatch.setattr(vllm_waves.WaveFirst, "for_run", classmethod(lambda cls, args: FakeWaveFirst()))
     records = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(3)]
     prompts = [list(range(10 + i)) for i in range(3)]
     args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,

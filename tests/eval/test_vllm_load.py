@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ooospec import cli
-from ooospec.eval import vllm_load as vl
-from ooospec.eval import vllm_runs
+from ooospec.eval.vllm import load as vl
+from ooospec.eval.vllm import runs as vllm_runs
 from ooospec.runtime.formats.messages import openai_messages
 
 RECORD = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
@@ -40,7 +40,7 @@ def validated(*argv: str) -> argparse.Namespace:
 
 
 def test_registered_like_vllm_bench():
-    assert cli.COMMANDS["vllm-load"][0] == "ooospec.eval.vllm_load"
+    assert cli.COMMANDS["vllm-load"][0] == "ooospec.eval.vllm.load"
 
 
 def test_defaults_and_validation():

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from ooospec.eval import vllm_load_exact as ex
+from ooospec.eval.vllm import load_exact as ex
 
 
 def row(rid: str, content: str = "", calls=(), tokens=None, prompt=None) -> dict:

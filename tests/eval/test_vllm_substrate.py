@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import save_file
 
-from ooospec.eval.vllm_substrate import bytes_per_token
+from ooospec.eval.vllm.substrate import bytes_per_token
 
 
 def test_bytes_per_token_counts_linears_and_head_not_the_embedding(tmp_path):

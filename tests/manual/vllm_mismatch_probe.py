@@ -22,7 +22,7 @@ def main(cell: str, model: str, rid: str) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from ooospec.eval.bench_data import load_examples, prompt_ids_of
+    from ooospec.eval.bench.data import load_examples, prompt_ids_of
     from ooospec.runtime.backends.hardware import vllm_cpu_env
     from ooospec.runtime.formats import detect_format
     from ooospec.runtime.paths import resolve_benchmark

@@ -133,12 +133,15 @@ def imported_names(name: str, path: Path, top: str = "ooospec",
 
 def import_closure(entry: str, dirs: dict[str, Path] | None = None) -> set[Path]:
     """Every file of the package that ``python -m entry`` may import (``entry`` and its packages' ``__init__.py``
-    included)."""
+    included; a package's ``__main__.py`` too)."""
     dirs = dirs or package_dirs()
     top = min(dirs, key=len)  # the import root: "ooospec"
     commands = cli_commands(dirs) if module_file(CLI_MODULE, dirs) else {}
     seen: set[Path] = set()
     todo = [entry]
+    init = module_file(entry, dirs)
+    if init is not None and init.name == "__init__.py" and (init.parent / "__main__.py").is_file():
+        todo.append(entry + ".__main__")   # `python -m package` runs its __main__.py
     while todo:
         name = todo.pop()
         parts = name.split(".")

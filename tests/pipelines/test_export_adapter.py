@@ -10,6 +10,7 @@ import yaml
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
 from ooospec.pipelines import export_adapter as ex
+from ooospec.pipelines import sidecar_trainer as st
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.packing import pack_rows
 from ooospec.pipelines.params import as_dict
@@ -27,7 +28,7 @@ def trained(tmp_path_factory):
     recipe = recipe_from_dict(tiny_recipe_dict(base, max_steps=3, save_steps=100))
     rows = read_request_rows(FIXTURE)
     seqs, _ = pack_rows(byte_tokenizer(), rows[:4], recipe.max_len)
-    trainer = ts.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp / "ckpt", seed=0)
+    trainer = st.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp / "ckpt", seed=0)
     trainer.train()
     model_dir = tmp / "sidecar"
     ts.save_adapter(trainer, byte_tokenizer(), model_dir / "adapter", {"layout_version": 2, "base": str(base)})

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ooospec.eval import agent_replay, bench_data
+from ooospec.eval.agent import replay as agent_replay
+from ooospec.eval.bench import data as bench_data
 from ooospec.pipelines import dedupe, eval_sidecar, expand_slots, normalize, teacher
 from ooospec.pipelines import records as R
 

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from sidecar_tiny import FIXTURE, byte_tokenizer, save_tiny_base, tiny_llama, tiny_recipe_dict
 
 from ooospec.pipelines import checkpoints as ck
+from ooospec.pipelines import sidecar_trainer as st
 from ooospec.pipelines import tracking
 from ooospec.pipelines import train_sidecar as ts
 from ooospec.pipelines.packing import IGNORE, pack_rows
@@ -27,7 +28,7 @@ def rows():
 def _trainer(tmp_path, rows, **overrides):
     recipe = recipe_from_dict(tiny_recipe_dict(tmp_path / "unused", **overrides))
     seqs, _ = pack_rows(byte_tokenizer(), rows, recipe.max_len)
-    return ts.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp_path / "ckpt", seed=0)
+    return st.build_trainer(tiny_llama(), byte_tokenizer(), seqs, recipe, tmp_path / "ckpt", seed=0)
 
 
 def test_lora_moves_trainable_weights_and_nothing_else(tmp_path, rows):
@@ -123,11 +124,11 @@ def test_select_requests_is_seeded_order_free_and_prefix_stable(rows):
 
 def test_autocast_follows_the_recipe_and_the_hardware(monkeypatch, tmp_path):
     recipe = recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="none"))
-    assert ts.resolve_autocast(recipe, 1) == (False, "recipe: autocast none")
-    assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="bf16")), 1)[0] is True
+    assert st.resolve_autocast(recipe, 1) == (False, "recipe: autocast none")
+    assert st.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="bf16")), 1)[0] is True
     from ooospec.runtime.backends import hardware
     monkeypatch.setattr(hardware, "resolve_dtype", lambda *a, **k: ("fp32", "no native bf16"))
-    assert ts.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="auto")), 1) == (
+    assert st.resolve_autocast(recipe_from_dict(tiny_recipe_dict(tmp_path, autocast="auto")), 1) == (
         False, "no native bf16")
 
 
@@ -159,8 +160,8 @@ def test_weighted_loss_with_unit_weights_is_the_plain_loss_and_weights_scale_the
     plain_seqs, _ = pack_rows(tok, rows[:3], recipe.max_len)
     # unit weights forced through the weighted path (pack_rows drops uniform weights, so add them by hand)
     unit_seqs = [{**s, "label_weights": [0.0 if lab == IGNORE else 1.0 for lab in s["labels"]]} for s in plain_seqs]
-    plain = ts.build_trainer(tiny_llama(), tok, plain_seqs, recipe, tmp_path / "a", seed=0)
-    unit = ts.build_trainer(tiny_llama(), tok, unit_seqs, recipe, tmp_path / "b", seed=0)
+    plain = st.build_trainer(tiny_llama(), tok, plain_seqs, recipe, tmp_path / "a", seed=0)
+    unit = st.build_trainer(tiny_llama(), tok, unit_seqs, recipe, tmp_path / "b", seed=0)
     assert type(unit).__name__ == "WeightedLossTrainer" and type(plain).__name__ == "Trainer"
     b_plain = plain.data_collator([plain.train_dataset[i] for i in range(3)])
     b_unit = unit.data_collator([unit.train_dataset[i] for i in range(3)])
@@ -180,7 +181,7 @@ def test_weighted_loss_with_unit_weights_is_the_plain_loss_and_weights_scale_the
                 for _ in tok(s["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
         assert got == want, row["id"]
     assert {4.0, 0.25} <= {w for s in w_seqs for w in s["label_weights"]}
-    weighted = ts.build_trainer(tiny_llama(), tok, w_seqs, recipe, tmp_path / "c", seed=0)
+    weighted = st.build_trainer(tiny_llama(), tok, w_seqs, recipe, tmp_path / "c", seed=0)
     b_w = weighted.data_collator([weighted.train_dataset[i] for i in range(3)])
     assert torch.equal(b_w["shift_labels"], b_plain["shift_labels"]) and b_w["label_weights"].shape == (n,)
     with torch.no_grad():

@@ -13,7 +13,7 @@ import time
 import pytest
 from toy_bpe import toy_bpe
 
-from ooospec.eval import bench_data
+from ooospec.eval.bench import data as bench_data
 from ooospec.pipelines import records as R
 from ooospec.runtime import schemas
 from ooospec.runtime.drafters.call_state import parse_state

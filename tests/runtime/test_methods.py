@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from ooospec.eval import agent_bench, bench_methods
+from ooospec.eval.agent import cli as agent_bench
+from ooospec.eval.bench import methods as bench_methods
 from ooospec.runtime import decoding, methods
 from ooospec.runtime.agent.chat import ChatModel
 from ooospec.runtime.drafters.hints import HintBank, HintDrafter
@@ -31,7 +32,7 @@ def _parses(add_arguments, argv: list[str]) -> bool:
 
 def test_every_cli_accepts_exactly_the_registrys_choices(capsys):
     from ooospec import serve_cli
-    from ooospec.eval import bench
+    from ooospec.eval.bench import cli as bench
 
     def serve(*argv):
         return _parses(serve_cli.add_arguments, ["--target", "t", *argv])

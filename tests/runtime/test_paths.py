@@ -131,7 +131,7 @@ def test_benchmark_dir_and_jsonl_paths(tmp_path):
 
 def test_bench_and_sidecar_cli_name_the_flag_when_the_benchmarks_are_missing(tmp_path, monkeypatch):
     from ooospec import sidecar_cli
-    from ooospec.eval import bench
+    from ooospec.eval.bench import cli as bench
 
     monkeypatch.chdir(tmp_path)
     p = argparse.ArgumentParser()

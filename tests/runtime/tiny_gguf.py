@@ -4,8 +4,11 @@
 ``vocab`` tokens (``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens, then plain pieces) and random float32
 weights. ``head_scale`` multiplies the output head: a large one spreads the logits, so the top-2 margins are far
 above llama.cpp's batch-shape rounding and greedy decoding is exactly reproducible; a small one makes near-ties
-common (to test that they are handled, not that they vanish). ``quantize(src, dst, "Q8_0")`` requantizes with
-llama.cpp's own ``llama_model_quantize``.
+common (to test that they are handled, not that they vanish). ``chat_template`` (e.g. the hermes template of
+:mod:`tests.runtime.toy_bpe`) goes into ``tokenizer.chat_template``, where a registry GGUF keeps its own.
+``plain_output`` zeroes the output rows of ``<unk>``, ``<s>`` and the byte tokens, so greedy decoding writes plain
+pieces and EOS: valid text, streamable piece by piece. ``quantize(src, dst, "Q8_0")`` requantizes with llama.cpp's
+own ``llama_model_quantize``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}   # llama_ftyp
 
 def make_tiny_gguf(path: str | Path, *, vocab: int = 320, hidden: int = 64, layers: int = 2, heads: int = 4,
                    kv_heads: int = 2, ffn: int = 128, context: int = 2048, seed: int = 0,
-                   head_scale: float = 4.0) -> Path:
+                   head_scale: float = 4.0, chat_template: str | None = None, plain_output: bool = False) -> Path:
     import gguf
 
     if vocab < 259 + 1:
@@ -50,6 +53,8 @@ def make_tiny_gguf(path: str | Path, *, vocab: int = 320, hidden: int = 64, laye
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def mat(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
@@ -67,7 +72,9 @@ def make_tiny_gguf(path: str | Path, *, vocab: int = 320, hidden: int = 64, laye
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(ffn, hidden))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, ffn))
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    w.add_tensor("output.weight", mat(vocab, hidden, head_scale))
+    head = mat(vocab, hidden, head_scale)
+    head[[0, 1, *range(3, 259)] if plain_output else []] = 0.0     # <unk>, <s>, bytes: 0, below the best piece
+    w.add_tensor("output.weight", head)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

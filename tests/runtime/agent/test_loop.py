@@ -133,7 +133,8 @@ def test_the_wave_gate_hears_each_turn_and_its_tool():
     gate's decision. The output is the same as without the sidecar."""
     from ooospec.runtime.sidecar.client import SidecarClient
     from ooospec.runtime.sidecar.deployments import SPLIT
-    from ooospec.runtime.sidecar.gate import WaveGate, tools_key
+    from ooospec.runtime.sidecar.gate import WaveGate
+    from ooospec.runtime.sidecar.gate_decision import tools_key
     from tests.runtime.sidecar_servers import StandIn
 
     prior = SPLIT.prior                                              # sends: the stand-in answers the wave

@@ -194,7 +194,8 @@ def test_errors_are_clear(tmp_path, targets):
 def test_bench_on_the_llamacpp_backend_against_its_peers(tmp_path):
     """The bench with a llama.cpp target: llama.cpp greedy is the reference, every method is exact, the
     'vs llama.cpp' column is filled, cold and warm toolbox alike."""
-    from ooospec.eval import bench_methods, harness
+    from ooospec.eval.bench import harness
+    from ooospec.eval.bench import methods as bench_methods
     from ooospec.runtime.formats import detect_format
     from tests.eval.test_bench import byte_tokenizer, toy_records
 
@@ -244,7 +245,7 @@ def test_the_llamacpp_peer_loads_without_extra_buffers_where_our_backend_does(tm
     matmul with its extra buffers (the reason our backend turns them off there). The peer now loads as our backend."""
     import llama_cpp.llama_cpp as lib
 
-    from ooospec.eval import llamacpp_peers
+    from ooospec.eval.bench import llamacpp_peers
     from ooospec.runtime.backends import llamacpp
 
     default = lib.llama_model_default_params

@@ -2,7 +2,7 @@
 
 llm-compressor is not installed here (it lives in .venv-quant): its one-shot pass is replaced by a stub that writes
 what it would, so what this module does around it (calibration sample, manifest, DONE, no half-written folder) is
-tested; the real pass is measured in eval/reports/quantized/.
+tested; the real pass is measured in eval/reports/cpu/quantized/.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ooospec.runtime.formats import hermes
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar import protocol as sw
 from ooospec.runtime.sidecar.client import SidecarClient, parse_response
-from ooospec.runtime.sidecar.gate import WaveDecision, query_name
+from ooospec.runtime.sidecar.gate_decision import WaveDecision, query_name
 from ooospec.runtime.sidecar.process import free_port, start_server
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import tiny_model

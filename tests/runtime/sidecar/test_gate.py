@@ -19,14 +19,13 @@ from ooospec.runtime.formats import hermes
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar.client import RequestStats, SidecarClient
 from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
-from ooospec.runtime.sidecar.gate import (
+from ooospec.runtime.sidecar.gate import WaveGate
+from ooospec.runtime.sidecar.gate_decision import decide, tools_key
+from ooospec.runtime.sidecar.gate_pricing import (
     Option,
-    WaveGate,
     calibrated,
-    decide,
     expected_cost_s,
     expected_saving_s,
-    tools_key,
     wave_compute_s,
 )
 from ooospec.runtime.sidecar.outcome import (
@@ -382,8 +381,8 @@ def test_chat_turn_carries_the_decision():
 
 
 def test_bench_method_reports_the_decision(target):
-    from ooospec.eval.method_api import BenchContext
-    from ooospec.eval.ooospec_method import SidecarHints
+    from ooospec.eval.bench.method_api import BenchContext
+    from ooospec.eval.bench.ooospec_method import SidecarHints
 
     model, tok, prompt, ar = target
     ctx = BenchContext(model=model, tokenizer=tok, fmt=hermes, eos_token_ids=[], max_new_tokens=24,

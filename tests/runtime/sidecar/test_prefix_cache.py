@@ -16,7 +16,8 @@ from ooospec.runtime.serve.sidecar_app import complete, create_app
 from ooospec.runtime.sidecar import prompts as sp
 from ooospec.runtime.sidecar.client import SidecarClient
 from ooospec.runtime.sidecar.deployments import DEPLOYMENTS
-from ooospec.runtime.sidecar.gate import Option, WaveGate, wave_compute_s
+from ooospec.runtime.sidecar.gate import WaveGate
+from ooospec.runtime.sidecar.gate_pricing import Option, wave_compute_s
 from ooospec.runtime.sidecar.wave import Sidecar, decode_branches, measure_wave_cost
 from tests.pipelines.sidecar_tiny import byte_tokenizer
 from tests.runtime.conftest import SLIDING_WINDOW, VOCAB, tiny_model

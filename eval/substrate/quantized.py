@@ -1,0 +1,102 @@
+"""The quantized-target table: per target, benchmark and weight format, vLLM plain and ``toolspec`` against llama.cpp's
+greedy on the registry GGUF, with each format's own tool-call quality.
+
+    python -m ooospec.eval.substrate.quantized eval/reports/cpu/quantized/<cpu>
+
+reads what ``bash eval/vllm/cpu_quantized.sh`` leaves in that folder -- ``<format>/<target>_<bench>.json``
+(``ooospec vllm-bench``, one folder per weight format) and ``<target>_<bench>.llamacpp.json`` (``ooospec bench``
+with llama.cpp) -- and writes ``formats.md``. ``toolspec x llama.cpp`` is llama.cpp's mean seconds over toolspec's on
+the same requests; ``identical`` compares toolspec with vLLM plain on the SAME weights (a drafter cannot change the
+text); quality
+(:mod:`ooospec.eval.substrate.call_quality`) scores each format's plain greedy output against the gold calls.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ooospec.eval.substrate.call_quality import gold_calls, quality, rows_of
+from ooospec.reporting import md_table
+
+HEAD = ["target", "benchmark", "weights", "n", "llama.cpp s", "vLLM plain s", "toolspec s", "toolspec x llama.cpp",
+        "toolspec x plain", "#MAT", "identical / near ties / defects", "function", "arguments", "whole call"]
+
+
+def _quality_cells(rows: list[dict], gold: dict) -> list[str]:
+    q = quality(rows, gold)
+    return [f"{q['function']:.0%}", f"{q['arguments']:.0%}" if q["arguments"] is not None else "-", f"{q['call']:.0%}"]
+
+
+def cells(folder: Path) -> list[tuple[str, str, str, dict]]:
+    """``(format, target, benchmark, results)`` of every vllm-bench result under ``folder/<format>/``."""
+    out = []
+    for path in sorted(folder.glob("*/*.json")):
+        if path.name.endswith(".llamacpp.json") or path.parent.name.startswith("load"):
+            continue
+        data = json.loads(path.read_text())
+        if "methods" in data and "env" in data:
+            out.append((path.parent.name, Path(data["target"]).name, data["dataset"], data))
+    return out
+
+
+def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
+    table, golds, llama_done = [], {}, set()
+    for fmt, target, bench, data in sorted(cells(folder), key=lambda c: (c[1], c[2], c[0] != "bf16", c[0])):
+        gold = golds.setdefault(bench, gold_calls(bench, benchmark_dir))
+        llama_path = folder / f"{target}_{bench}.llamacpp.json"
+        if (target, bench) not in llama_done and llama_path.is_file():
+            llama_done.add((target, bench))
+            llama = rows_of(llama_path, "llama.cpp")
+            mean = sum(r["time_s"] for r in llama) / len(llama)
+            table.append([target, bench, "Q4_K_M GGUF (llama.cpp greedy)", len(llama), f"{mean:.3f}", "", "", "", "",
+                          "", "", *_quality_cells(llama, gold)])
+        m = data["methods"]
+        plain, spec = m["vllm"], m.get("toolspec")
+        q = data["env"].get("quantization")
+        llama_s = m.get("llama.cpp", {}).get("mean_s")
+        timing = ["-"] * 5 if spec is None else [
+            f"{spec['mean_s']:.3f}", f"**{spec['vs_llamacpp']:.2f}x**" if "vs_llamacpp" in spec else "-",
+            f"{spec['speedup']:.2f}x", f"{spec['mat']:.2f}",
+            f"{round(spec['exact_rate'] * spec['n'])}/{spec['n']} / {spec['near_ties']} / {spec['defects']}"]
+        table.append([target, bench, q["scheme"] if q else data["env"]["dtype"], plain["n"],
+                      f"{llama_s:.3f}" if llama_s else "-", f"{plain['mean_s']:.3f}", *timing,
+                      *_quality_cells(rows_of_results(data, "vllm"), gold)])
+    return table
+
+
+def rows_of_results(data: dict, method: str) -> list[dict]:
+    return [r for r in data["examples"] if r.get("method") == method]
+
+
+def render(folder: Path, benchmark_dir: Path | None = None) -> str:
+    found = cells(folder)
+    if not found:
+        raise SystemExit(f"{folder}: no vllm-bench results in <format>/ subfolders")
+    env = found[0][3]["env"]
+    cpu = env["cpu"]
+    warm = "toolbox warm (prefix caching on)" if env.get("warm_tools") else "cold"
+    head = (f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; vLLM {env['vllm']}, "
+            f"{env['threads']} threads, batch 1, {warm}, up to {env.get('max_new_tokens')} new tokens; "
+            f"regenerate: `python -m ooospec.eval.substrate.quantized {folder}`")
+    return head + "\n\n" + md_table(HEAD, rows(folder, benchmark_dir), align="lllr" + "r" * (len(HEAD) - 4)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ooospec.runtime.paths import BENCHMARK_DIR_FLAG
+
+    p = argparse.ArgumentParser(prog="python -m ooospec.eval.substrate.quantized", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None)
+    args = p.parse_args(argv)
+    text = render(args.folder, args.benchmark_dir)
+    (args.folder / "formats.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The substrate table: what a verification forward costs per engine and weight format, against this CPU's roofs,
+and what more cores predict.
+
+    python -m ooospec.eval.substrate.roofline eval/reports/cpu/quantized/<cpu>
+
+reads the folder's ``substrate_vllm_<target>[_t<threads>].json`` (:mod:`ooospec.eval.vllm.substrate`) and
+``substrate_llamacpp_<target>[_t<threads>].json`` (:mod:`ooospec.eval.substrate.cli`) files and writes ``roofline.md``:
+
+* per target, engine and format: MB of weights a token reads, ``T(1)`` against the memory roof (``bytes / read
+  bandwidth``), ``T(n)`` for n = 2..16, the cost of one more verified token (the slope ``(T(16) - T(1)) / 15``)
+  against the compute roof (``2 x matmul params / rate`` of the format's kernels: int8 for llama.cpp's k-quants and
+  W8A8, bf16 for vLLM bf16 and W4A16), and the decode tokens/s a drafter reaching ``#MAT`` tokens per forward at
+  ``n`` verified tokens gets (``#MAT / T(n)``);
+* :func:`predict`: the model for more cores, fitted per row on its 1- and 2-thread ``T(n)``:
+  ``T(n, c) = o + m / min(c, c_mem) + k n / c`` -- a fixed per-step overhead ``o`` (Python, scheduling, sampling),
+  a memory term ``m`` that scales with cores until the memory bus saturates at ``c_mem`` cores (an assumption,
+  :data:`C_MEM`), and a compute term ``k`` per verified token that scales with every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from ooospec.reporting import md_table
+
+SHOWN = (1, 2, 4, 8, 16)
+C_MEM = 8          # cores at which a socket's memory bandwidth stops growing (typical of 8-12 channel servers)
+RATE_OF = {("vllm", "bf16"): "bf16_gops", ("vllm", "w8a8"): "int8_gops", ("vllm", "w8a8-rtn"): "int8_gops",
+           ("vllm", "w4a16"): "bf16_gops", ("llama.cpp", None): "int8_gops"}
+_NAME = re.compile(r"substrate_(vllm|llamacpp)_(?P<target>.+?)(?:_t(?P<threads>\d+))?\.json$")
+
+
+def load(folder: Path) -> list[dict]:
+    """Every substrate row of ``folder``, flattened: engine, target, threads, format, T(n), bytes, roofs."""
+    rows, roofs = [], {}
+    for path in sorted(folder.glob("substrate_*.json")):
+        match = _NAME.search(path.name)
+        if not match:
+            continue
+        data = json.loads(path.read_text())
+        threads = int(data.get("threads") or match["threads"] or 0)
+        if data.get("roofs"):
+            roofs[threads] = data["roofs"]
+        for r in data["rows"]:
+            engine = r.get("engine", "llama.cpp")
+            rows.append({"engine": engine, "target": data["target"], "threads": threads, "cpu": data["cpu"],
+                         "format": r.get("format") or r.get("weights"), "bytes": r.get("weight_bytes", r.get("bytes")),
+                         "params": r.get("matmul_params"), "T": {int(k): v for k, v in r["T_ms"].items()},
+                         "source": path.name})
+    for r in rows:                                   # llama.cpp rows take the params and roofs of the vLLM runs
+        r["params"] = r["params"] or next((o["params"] for o in rows if o["target"] == r["target"]
+                                           and o["params"]), None)
+        r["roofs"] = roofs.get(r["threads"]) or next(iter(roofs.values()), None)
+    return rows
+
+
+def slope(t: dict[int, float]) -> float:
+    """ms per extra verified token, from ``T(1)`` to ``T(16)``."""
+    return (t[16] - t[1]) / 15
+
+
+def roof_row(r: dict) -> list:
+    t, roofs = r["T"], r["roofs"] or {}
+    mem = r["bytes"] / (roofs["mem_read_gbs"] * 1e9) * 1e3 if roofs.get("mem_read_gbs") and r["bytes"] else None
+    key = RATE_OF.get((r["engine"], r["format"]), RATE_OF.get((r["engine"], None)))
+    rate = roofs.get(key) if key else None
+    compute = 2 * r["params"] / (rate * 1e9) * 1e3 if rate and r["params"] else None
+    return [r["target"], r["engine"], r["format"], r["threads"], f"{r['bytes'] / 1e6:.0f}" if r["bytes"] else "-",
+            f"{t[1]:.1f}", f"{mem:.1f}" if mem else "-", *(f"{t[n]:.1f}" for n in SHOWN[1:]),
+            f"{slope(t):.2f}", f"{compute:.2f} ({key.split('_')[0]})" if compute else "-"]
+
+
+def fit(t1: dict[int, float], t2: dict[int, float]) -> dict:
+    """``o``, ``m`` and ``k`` of :func:`predict` from ``T(n)`` at 1 and 2 threads (least squares over n)."""
+    import numpy as np
+
+    ns = sorted(set(t1) & set(t2))
+    a = [[1.0, 1.0 / c, n / c] for c, t in ((1, t1), (2, t2)) for n in ns]
+    b = [t[n] for c, t in ((1, t1), (2, t2)) for n in ns]
+    o, m, k = np.linalg.lstsq(np.array(a), np.array(b), rcond=None)[0]
+    return {"o": max(float(o), 0.0), "m": max(float(m), 0.0), "k": max(float(k), 0.0)}
+
+
+def predict(model: dict, n: int, cores: int, c_mem: int = C_MEM) -> float:
+    """``T(n)`` in ms on ``cores`` cores under the fitted model."""
+    return model["o"] + model["m"] / min(cores, c_mem) + model["k"] * n / cores
+
+
+def cores_table(rows: list[dict], mat: float, n_verified: int, cores=(1, 2, 8, 32)) -> str | None:
+    """Predicted decode tokens/s per row that has 1- and 2-thread measurements: greedy (``1 / T(1)``) and a drafter
+    at ``mat`` tokens per forward verifying ``n_verified`` tokens (``mat / T(n_verified)``)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["target"], r["engine"], r["format"]), {})[r["threads"]] = r["T"]
+    table = []
+    for (target, engine, fmt), per in sorted(by.items()):
+        if 1 not in per or 2 not in per:
+            continue
+        model = fit(per[1], per[2])
+        cells = [f"{1000 / predict(model, 1, c):.0f} / {1000 * mat / predict(model, n_verified, c):.0f}"
+                 for c in cores]
+        table.append([target, engine, fmt, f"{model['o']:.1f}", f"{model['m']:.1f}", f"{model['k']:.2f}", *cells])
+    if not table:
+        return None
+    head = ["target", "engine", "weights", "o ms", "m ms", "k ms/token",
+            *(f"{c} cores: greedy / drafted tok/s" for c in cores)]
+    return md_table(head, table, align="lll" + "r" * (len(head) - 3))
+
+
+def render(folder: Path, mat: float, n_verified: int) -> str:
+    rows = load(folder)
+    if not rows:
+        raise SystemExit(f"{folder}: no substrate_*.json files")
+    head = ["target", "engine", "weights", "threads", "MB / token", "T(1) ms", "memory roof ms",
+            *(f"T({n}) ms" for n in SHOWN[1:]), "ms / extra token", "compute roof ms / token"]
+    out = [f"CPU: {rows[0]['cpu']}; roofs (torch, per thread count): "
+           + "; ".join(f"{r['threads']} threads {r['roofs']}" for r in {r['threads']: r for r in rows}.values()),
+           "", md_table(head, [roof_row(r) for r in sorted(rows, key=lambda r: (r["target"], r["threads"]))],
+                        align="lllr" + "r" * (len(head) - 4))]
+    cores = cores_table(rows, mat, n_verified)
+    if cores:
+        note = (f"Predicted for more cores (model in `eval/substrate/roofline.py`, memory saturating at {C_MEM} cores; "
+                f"drafted: #MAT {mat} at {n_verified} verified tokens per forward):")
+        out += ["", note, "", cores]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ooospec.eval.substrate.roofline", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--mat", type=float, default=4.0, help="tokens per target forward of the drafter (measured #MAT)")
+    p.add_argument("--verified", type=int, default=8, help="tokens verified per forward at that #MAT")
+    args = p.parse_args(argv)
+    text = render(args.folder, args.mat, args.verified)
+    (args.folder / "roofline.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

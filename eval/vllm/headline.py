@@ -1,0 +1,139 @@
+"""The README's results table, generated from the vLLM bench cells in ``eval/reports/`` (never hand-edited).
+
+    python -m ooospec.eval.vllm.headline                 # print the table
+    python -m ooospec.eval.vllm.headline --write README.md   # replace the block between the README's markers
+
+One row per cell (target x benchmark on one machine, weights and toolbox state), fixed columns: vLLM plain's mean
+seconds per request, then ratios of mean seconds on the same requests -- ``toolspec`` over vLLM plain and over
+llama.cpp's greedy on the registry's Q4_K_M GGUF (same threads), the sidecar's best REAL deployment over ``toolspec``
+(``ooospec`` sharing the cores, or ``ooospec-wave-first``, paired on one engine where the cell ran it so), the
+EMULATED own-device deployment over ``toolspec``, the hint ceiling (``ooospec-oracle``) over plain -- and every
+drafted answer against plain's: identical / near ties / defects. ``-``: not run in that cell. The cells are
+:data:`CELLS` (folders of one session each); ``tests/eval/test_headline.py`` fails when the README differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ooospec.eval.bench.summaries import method_label
+from ooospec.reporting import md_table
+from ooospec.runtime.backends.hardware import cpu_class
+from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_PREFILL, VLLM_REFERENCE
+
+# (folder, glob): the sessions the README's table shows, each a complete set of cells on one machine
+CELLS = (
+    ("eval/reports/vllm", "qwen2.5-coder-*.json"),                          # EPYC Zen 5, bf16, cold
+    ("eval/reports/vllm/dedicated/matrix", "*_cold.json"),                   # Xeon AMX, bf16, cold
+    ("eval/reports/vllm/wave-first/gated-scale", "*_warm.json"),            # Xeon AMX, bf16, warm, gated
+    ("eval/reports/cpu/quantized/xeon-amx", "w8a8*/*.json"),                # Xeon AMX, int8, warm
+)
+REAL_SIDECAR = ("ooospec-wave-first", "ooospec")     # the sidecar's real deployments, best first when tied
+EMULATED = "ooospec-dedicated"
+ORACLE = "ooospec-oracle"
+NOT_DRAFTED = (VLLM_REFERENCE, VLLM_PREFILL, LLAMACPP_REFERENCE)
+BEGIN, END = "<!-- results: python -m ooospec.eval.vllm.headline --write README.md -->", "<!-- /results -->"
+HEADERS = ["machine", "weights", "toolbox", "target", "benchmark", "n", "vLLM plain s", "toolspec x plain",
+           "toolspec x llama.cpp", "sidecar REAL x toolspec", "sidecar EMULATED x toolspec", "oracle x plain",
+           "identical / near ties / defects"]
+
+
+def load_cells(root: Path) -> list[dict]:
+    """Every vllm-bench cell of :data:`CELLS` under ``root``, in that order, each sorted by target and benchmark."""
+    out = []
+    for folder, pattern in CELLS:
+        found = []
+        for path in sorted((root / folder).glob(pattern)):
+            if path.name.endswith(".llamacpp.json"):
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if "methods" in data and "order" in data:
+                found.append(data)
+        out += sorted(found, key=lambda d: (Path(d["target"]).name, d["dataset"]))
+    return out
+
+
+def ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.2f}x" if num and den else "-"
+
+
+def best_real(methods: dict) -> str:
+    """The sidecar's best real deployment over ``toolspec``: the paired ratio where the cell ran one, else the ratio
+    of mean seconds; labelled with the deployment."""
+    toolspec = methods.get(TOOLSPEC, {}).get("mean_s")
+    options = []
+    for name in REAL_SIDECAR:
+        s = methods.get(name)
+        if s is None:
+            continue
+        value = s.get("paired_vs_toolspec") or (toolspec / s["mean_s"] if toolspec else None)
+        if value:
+            options.append((value, name))
+    if not options:
+        return "-"
+    value, name = max(options, key=lambda o: o[0])
+    return f"{value:.2f}x {'wave-first' if name == 'ooospec-wave-first' else 'shared'}"
+
+
+def agreement(methods: dict) -> str:
+    """``identical/answers · near ties · defects`` over every drafted method of the cell, against vLLM plain."""
+    drafted = [s for name, s in methods.items() if name not in NOT_DRAFTED]
+    n = sum(s["n"] for s in drafted)
+    identical = sum(round(s["exact_rate"] * s["n"]) for s in drafted)
+    return f"{identical}/{n} · {sum(s['near_ties'] for s in drafted)} · {sum(s['defects'] for s in drafted)}"
+
+
+def weights(env: dict) -> str:
+    q = env.get("quantization") or {}
+    return q.get("scheme", "int8") if q else {"bfloat16": "bf16", "float32": "fp32"}.get(env["dtype"], env["dtype"])
+
+
+def row(cell: dict) -> list:
+    env, m = cell["env"], cell["methods"]
+    plain, toolspec = m[VLLM_REFERENCE]["mean_s"], m.get(TOOLSPEC, {}).get("mean_s")
+    llama = m.get(LLAMACPP_REFERENCE, {}).get("mean_s")
+    emulated = m.get(EMULATED, {}).get("mean_s")
+    oracle = m.get(ORACLE, {}).get("mean_s")
+    return [f"{cpu_class(env['cpu']['model'], env['cpu']['flags'])}, {env['threads']} threads", weights(env),
+            "warm" if env.get("warm_tools") else "cold", Path(cell["target"]).name, cell["dataset"],
+            m[VLLM_REFERENCE]["n"], f"{plain:.2f}", ratio(plain, toolspec), ratio(llama, toolspec), best_real(m),
+            ratio(toolspec, emulated), ratio(plain, oracle), agreement(m)]
+
+
+def render(root: Path) -> str:
+    """The table, with the line that names its sources and the command that regenerates it."""
+    cells = load_cells(root)
+    sources = ", ".join(f"`{folder}/`" for folder, _ in CELLS)
+    return (md_table(HEADERS, [row(c) for c in cells], align="lllll" + "r" * 8)
+            + f"\n\nFrom {len(cells)} cells in {sources} ({method_label(EMULATED)} is an emulation: "
+            "its wave timed alone, replayed inside vLLM).")
+
+
+def replace_block(text: str, table: str) -> str:
+    """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by ``table``."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the README has no results block ({BEGIN} ... {END})")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ooospec.eval.vllm.headline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: here)")
+    p.add_argument("--write", type=Path, default=None, help="replace the results block of this README")
+    args = p.parse_args(argv)
+    table = render(args.root)
+    if args.write is None:
+        print(table)
+        return 0
+    tmp = args.write.with_name(args.write.name + ".partial")
+    tmp.write_text(replace_block(args.write.read_text(encoding="utf-8"), table), encoding="utf-8")
+    tmp.replace(args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

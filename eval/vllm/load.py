@@ -1,0 +1,469 @@
+"""``ooospec vllm-load``: vLLM's OpenAI server under concurrent load, plain against speculative methods.
+
+One server per method (``vllm``, plain, first: the reference; vLLM's ``ngram``, ooo-spec's ``toolspec``), the
+OpenAI server with the hermes tool parser, warmed up (one untimed request), then sent the SAME ``--limit``
+benchmark requests as chat completions (messages + tools, greedy) at every level: concurrency c of
+``--concurrency`` x stream mode of ``--stream``, at most c in flight::
+
+    ooospec vllm-load --target qwen2.5-coder-0.5b --dataset apibank-l1 --limit 16 --concurrency 1,2,4,8,16 \\
+        --out eval/reports/vllm/load/qwen2.5-coder-0.5b_apibank-l1.json
+
+Columns (one row per method, concurrency and stream mode)::
+
+    req/s, out tok/s  requests, completion tokens (the server's ``usage``) / the level's wall time
+    p50 s, p90 s      request latency percentiles (linear interpolation)
+    TTFT p50 s        time to the first content or tool-call delta (streamed); = the latency when not streamed
+    thru x            plain's wall time / this method's, same requests, same level (> 1: more throughput)
+    p50 x             this method's p50 latency / plain's at the same level (< 1: faster)
+    identical         share of requests whose content and tool calls (name, arguments parsed as JSON) equal
+                      plain's at the same level (the ids that differ are in the JSON)
+    ties, defects     of the others: near ties (plain's top-2 margin at the first differing token <= --tie-margin)
+                      and the rest (eval/vllm/load_exact.py; one untimed plain forward per difference)
+    chain batch price ooo-spec methods: the proposer's mean chain length over the level's steps, and its last
+                      pricing (batch seen, price per drafted token), from its ``ooo-spec proposer metrics`` log
+                      lines: where chains shrink as the batch grows
+
+Caveats. On 2 CPU cores batching has less to spread than on a GPU, and drafts compete with the batch for the cores
+(what chain pricing is for). Batched numerics may flip a near tie, for plain decoding across levels as for a
+drafter: ``ties`` and ``defects`` say which. With prefix caching on (default) every level after the first finds
+the prompts cached, for every method alike; ooo-spec's drafters start each level with a fresh history
+(``ooospec_history`` per level), so retrieval never drafts a request from its own output at an earlier level. The
+proposer logs at a step once ``--log-interval`` has passed: after each level the bench waits that long and sends an
+untimed 2-token request to log the level's last window. The JSON (each method saved
+in ``<out>.rows/`` as it finishes; a rerun skips finished methods), a markdown table and each server's log
+(``<stem>.<method>.server.log``) are written beside each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ooospec.eval.bench.data import load_examples
+from ooospec.eval.vllm.load_exact import classify_levels, compare_rows
+from ooospec.eval.vllm.runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
+from ooospec.pipelines.records import write_json
+from ooospec.reporting import fmt_cell, md_table, pct
+from ooospec.runtime.formats.messages import openai_messages
+from ooospec.runtime.methods import REGISTRY, VLLM_BENCH_METHODS, VLLM_REFERENCE, drafting_with, get_method
+from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
+
+DEFAULT_METHODS = "vllm,toolspec,vllm-ngram"
+# methods a load bench can serve as they are: no sidecar, no per-request hints, more than one new token
+LOAD_METHODS: tuple[str, ...] = tuple(n for n in VLLM_BENCH_METHODS
+                                      if not REGISTRY[n].hints and not REGISTRY[n].prefill_only)
+STREAM_CHOICES = {"off": [False], "on": [True], "both": [False, True]}
+METRICS_MARK = "ooo-spec proposer metrics "
+MAX_MODEL_LEN = 4096
+KVCACHE_GB = 2
+HEALTH_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """``--concurrency 1,2,4``: positive integers, in the order given, without repeats."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--concurrency {text!r}: expected comma-separated integers, e.g. 1,2,4,8,16") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"--concurrency {text!r}: expected integers >= 1")
+    return list(dict.fromkeys(values))
+
+
+def parse_methods(text: str) -> list[str]:
+    """``--methods`` in run order: ``vllm`` first, then the others as given (each at most once)."""
+    names = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in names if m not in LOAD_METHODS]
+    if bad:
+        raise SystemExit(f"--methods: {bad} cannot run here; known: {', '.join(LOAD_METHODS)} (methods with "
+                         f"hints or a sidecar are for `ooospec vllm-bench`)")
+    return [VLLM_REFERENCE] + [m for m in names if m != VLLM_REFERENCE]
+
+
+def validate(args) -> None:
+    """Check every option before a server starts; sets ``args.order`` / ``levels`` / ``streams``."""
+    args.order = parse_methods(args.methods)
+    args.levels = parse_concurrency(args.concurrency)
+    args.streams = STREAM_CHOICES[args.stream]
+    for flag, value in (("--limit", args.limit), ("--threads", args.threads), ("--k", args.k),
+                        ("--ngram-k", args.ngram_k), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise SystemExit(f"{flag} must be >= 1, got {value}")
+    if not (math.isfinite(args.log_interval) and args.log_interval > 0):
+        raise SystemExit(f"--log-interval must be > 0 seconds, got {args.log_interval}")
+    if not (math.isfinite(args.chain_cost_slope) and args.chain_cost_slope >= 0):
+        raise SystemExit(f"--chain-cost-slope must be >= 0, got {args.chain_cost_slope}")
+    if drafting_with("suffix", args.order) and importlib.util.find_spec("arctic_inference") is None:
+        raise SystemExit(f"--methods: {drafting_with('suffix', args.order)[0]} needs the arctic-inference package")
+
+
+def request_body(record: dict, model: str, max_new_tokens: int, stream: bool, history: str | None = None) -> dict:
+    """One chat completion request of ``record``: greedy, its messages and tools, ``max_new_tokens``; ``history``:
+    the ooo-spec proposer's drafter history for it (``ooospec_history``), so that a level never retrieves the
+    calls an earlier level of the same requests produced."""
+    body = {"model": model, "messages": openai_messages(record["messages"]), "tools": record["tools"],
+            "temperature": 0.0, "max_tokens": max_new_tokens, "stream": stream, "return_token_ids": True}
+    if history is not None:
+        body["vllm_xargs"] = {"ooospec_history": history}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def parse_response(data: dict, latency: float) -> dict:
+    """A non-streamed chat completion as a request row (TTFT = latency: the answer comes whole)."""
+    choice = data["choices"][0]
+    msg = choice.get("message") or {}
+    calls = [{"name": tc["function"]["name"], "arguments": tc["function"].get("arguments") or ""}
+             for tc in msg.get("tool_calls") or []]
+    return {"latency_s": latency, "ttft_s": latency, "completion_tokens": (data.get("usage") or {})
+            .get("completion_tokens"), "content": msg.get("content") or "", "tool_calls": calls,
+            "finish_reason": choice.get("finish_reason"), "prompt_token_ids": data.get("prompt_token_ids"),
+            "token_ids": choice.get("token_ids")}
+
+
+class StreamAccumulator:
+    """A streamed chat completion put back together: content deltas joined, tool-call deltas merged by ``index``
+    (OpenAI's rule: the first delta of a call brings its id and name, later ones append to ``arguments``), the
+    first content or tool-call delta's time (TTFT), the finish reason, the final chunk's ``usage`` and the token
+    ids (vLLM's ``return_token_ids``: the prompt's in the first chunk, each chunk's delta tokens)."""
+
+    def __init__(self, t0: float):
+        self.t0, self.first, self.content, self.finish_reason, self.usage = t0, None, [], None, None
+        self.calls: dict[int, dict] = {}
+        self.prompt_token_ids, self.token_ids = None, []
+
+    def feed_line(self, line: str, now: float) -> None:
+        """One line of the server-sent events (``data: {...}``; others, ``[DONE]`` and blank lines ignored)."""
+        payload = line[5:].strip() if line.startswith("data:") else ""
+        if payload and payload != "[DONE]":
+            self.feed(json.loads(payload), now)
+
+    def feed(self, chunk: dict, now: float) -> None:
+        self.usage = chunk.get("usage") or self.usage
+        self.prompt_token_ids = self.prompt_token_ids or chunk.get("prompt_token_ids")
+        for choice in chunk.get("choices") or []:
+            self.token_ids += choice.get("token_ids") or []
+            delta = choice.get("delta") or {}
+            if (delta.get("content") or delta.get("tool_calls")) and self.first is None:
+                self.first = now
+            self.content.append(delta.get("content") or "")
+            for tc in delta.get("tool_calls") or []:
+                call = self.calls.setdefault(tc.get("index", len(self.calls)), {"name": "", "arguments": ""})
+                fn = tc.get("function") or {}
+                call["name"] += fn.get("name") or ""
+                call["arguments"] += fn.get("arguments") or ""
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def result(self, now: float) -> dict:
+        latency = now - self.t0
+        return {"latency_s": latency, "ttft_s": latency if self.first is None else self.first - self.t0,
+                "completion_tokens": (self.usage or {}).get("completion_tokens"), "content": "".join(self.content),
+                "tool_calls": [self.calls[i] for i in sorted(self.calls)], "finish_reason": self.finish_reason,
+                "prompt_token_ids": self.prompt_token_ids, "token_ids": self.token_ids}
+
+
+async def send_chat(client, url: str, body: dict) -> dict:
+    """POST one chat completion (streamed or not, as ``body`` says) with an ``httpx.AsyncClient``; its row."""
+    t0 = time.perf_counter()
+    if not body["stream"]:
+        r = await client.post(url + "/v1/chat/completions", json=body)
+        r.raise_for_status()
+        return parse_response(r.json(), time.perf_counter() - t0)
+    acc = StreamAccumulator(t0)
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            acc.feed_line(line, time.perf_counter())
+    return acc.result(time.perf_counter())
+
+
+async def drive(bodies: list[dict], send, concurrency: int) -> tuple[list[dict], float]:
+    """Every body through ``send`` (an async callable: body -> row) with at most ``concurrency`` in flight, sent in
+    order as slots free up; the rows in body order and the wall time from the first send to the last answer."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(body: dict) -> dict:
+        async with gate:
+            return await send(body)
+
+    t0 = time.perf_counter()
+    rows = await asyncio.gather(*(one(b) for b in bodies))
+    return list(rows), time.perf_counter() - t0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by linear interpolation between order statistics (numpy's default)."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)      # IndexError for no values
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(rows: list[dict], wall: float) -> dict:
+    """One level's numbers: wall s, requests/s, output tokens/s, p50/p90 latency, p50 TTFT."""
+    tokens = sum(r.get("completion_tokens") or 0 for r in rows)
+    lat = [r["latency_s"] for r in rows]
+    return {"n": len(rows), "wall_s": wall, "requests_per_s": len(rows) / wall, "output_tokens": tokens,
+            "output_tokens_per_s": tokens / wall, "p50_s": percentile(lat, 0.5), "p90_s": percentile(lat, 0.9),
+            "ttft_p50_s": statistics.median(r["ttft_s"] for r in rows)}
+
+
+def parse_metrics(text: str) -> list[dict]:
+    """The proposer's metrics dicts in log ``text`` (lines ``... ooo-spec proposer metrics {json}``, any prefix:
+    vLLM's engine process prefixes its own); a line whose JSON does not parse is skipped."""
+    out, decoder = [], json.JSONDecoder()
+    for line in text.splitlines():
+        at = line.find(METRICS_MARK)
+        try:
+            value = decoder.raw_decode(line, at + len(METRICS_MARK))[0] if at >= 0 else None
+        except ValueError:
+            value = None
+        out += [value] if isinstance(value, dict) else []
+    return out
+
+
+def proposer_summary(metrics: list[dict]) -> dict | None:
+    """A level's chains from its metrics lines: steps, mean chain length and mean accepted drafts per step (each
+    window weighted by its steps), and the last line's pricing (batch, slope, price). None without lines."""
+    if not metrics:
+        return None
+    windows = [m.get("window") or {} for m in metrics]
+    steps = sum(w.get("steps", 0) for w in windows)
+    weighted = {k: sum(w.get(k, 0.0) * w.get("steps", 0) for w in windows) / steps if steps else None
+                for k in ("mean_chain", "mean_accepted")}
+    pricing = metrics[-1].get("pricing") or {}
+    return {"lines": len(metrics), "steps": steps, **weighted,
+            "pricing": {k: pricing.get(k) for k in ("mode", "batch", "slope", "price")}}
+
+
+def server_command(args, method: str, port: int) -> list[str]:
+    """The OpenAI server of ``method`` (loopback only), its batch as large as the highest concurrency."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_dir,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype,
+           "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0", "--max-num-seqs", str(max(args.levels)),
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if args.prefix_caching == "off":
+        cmd.append("--no-enable-prefix-caching")
+    spec = speculative_config(method, args.k, args.ngram_k)
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    if get_method(method).is_engine:
+        options = {**ooospec_options(method, None, args.chain_cost_slope), "log_interval_s": args.log_interval}
+        cmd += ["--additional-config", json.dumps({"ooospec": options})]
+    return cmd
+
+
+def wait_healthy(url: str, proc, log: Path, method: str, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+    """Until ``url/health`` answers; SystemExit naming ``log`` when the server exits or ``timeout_s`` passes."""
+    from ooospec.runtime.sidecar.process import health
+
+    deadline = time.time() + timeout_s
+    while health(url) is None:
+        if proc.poll() is not None:
+            raise SystemExit(f"vllm-load: the {method} server exited ({proc.returncode}) before it was healthy; "
+                             f"see {log}")
+        if time.time() > deadline:
+            raise SystemExit(f"vllm-load: the {method} server was not healthy after {timeout_s:.0f}s; see {log}")
+        time.sleep(1)
+
+
+def run_level(url: str, bodies: list[dict], ids: list[str], concurrency: int) -> tuple[list[dict], float]:
+    """One level's requests (:func:`drive` over :func:`send_chat`, as many connections), rows with record ids."""
+    import httpx
+
+    async def go():
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+            return await drive(bodies, lambda b: send_chat(client, url, b), concurrency)
+
+    rows, wall = asyncio.run(go())
+    return [{"id": i, **r} for i, r in zip(ids, rows)], wall
+
+
+def settle(url: str, body: dict, interval: float) -> None:
+    """Wait ``interval``, send an untimed 2-token request: at its first step the proposer logs the window before."""
+    time.sleep(interval)
+    run_level(url, [{**body, "max_tokens": 2, "stream": False}], ["settle"], 1)
+
+
+def run_method(args, method: str, records: list[dict]) -> dict:
+    """Start ``method``'s server, warm it up, run every level; its levels (rows, wall s, proposer lines)."""
+    import httpx
+
+    from ooospec.runtime.sidecar.process import free_port
+
+    port = free_port()
+    url, log = f"http://127.0.0.1:{port}", args.out.with_name(f"{args.out.stem}.{method}.server.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    engine = get_method(method).is_engine
+    ids = [r["id"] for r in records]
+    with open(log, "w") as sink:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(server_command(args, method, port), stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(url, proc, log, method)
+            load_s = time.perf_counter() - t0
+            warm = request_body(records[0], args.model_dir, 16, False)
+            run_level(url, [warm], ["warm-up"], 1)
+            if engine:
+                settle(url, warm, args.log_interval)
+            levels = []
+            for c in args.levels:
+                for stream in args.streams:
+                    offset = log.stat().st_size
+                    history = f"c{c}-{'stream' if stream else 'whole'}" if engine else None   # fresh per level
+                    bodies = [request_body(r, args.model_dir, args.max_new_tokens, stream, history) for r in records]
+                    rows, wall = run_level(url, bodies, ids, c)
+                    proposer = None
+                    if engine:
+                        settle(url, warm, args.log_interval)
+                        with open(log, "rb") as f:
+                            f.seek(offset)
+                            proposer = proposer_summary(parse_metrics(f.read().decode(errors="replace")))
+                    levels.append({"concurrency": c, "stream": stream, "wall_s": wall, "rows": rows,
+                                   "proposer": proposer})
+                    print(f"[vllm-load] {method} c={c} stream={'on' if stream else 'off'}: {wall:.1f}s, "
+                          f"{len(rows) / wall:.2f} req/s", file=sys.stderr)
+        except httpx.HTTPError as e:
+            raise SystemExit(f"vllm-load: a {method} request failed ({type(e).__name__}: {e}); see {log}") from e
+        finally:
+            stop_server(proc)
+    return {"load_s": load_s, "levels": levels}
+
+
+def settings_of(args, records: list[dict]) -> dict:
+    """What a saved method's levels must have been run with to be reused by a rerun."""
+    keys = ("target", "levels", "streams", "max_new_tokens", "prefix_caching", "threads", "dtype", "k", "ngram_k",
+            "chain_cost_slope")
+    return {"ids": [r["id"] for r in records], "drafter_history": "per level",
+            **{k: getattr(args, k) for k in keys}}
+
+
+def measure(args, records: list[dict], saved: Path) -> dict[str, dict]:
+    """Each method's levels, saved in ``saved`` as it finishes; a rerun with the same settings reuses them."""
+    saved.mkdir(parents=True, exist_ok=True)
+    want = settings_of(args, records)
+    runs = {}
+    for method in args.order:
+        done = saved / f"{method}.json"
+        kept = json.loads(done.read_text()) if done.is_file() else None
+        if kept is not None and kept.get("settings") == want:
+            print(f"[vllm-load] {method}: kept from {done}", file=sys.stderr)
+            runs[method] = kept
+            continue
+        runs[method] = {"settings": want, **run_method(args, method, records)}
+        write_json(done, runs[method])
+    return runs
+
+
+def level_table(runs: dict[str, dict]) -> list[dict]:
+    """Per (method, concurrency, stream): :func:`summarize`, ratios and ``identical`` vs plain, the chains."""
+    ref = {(lv["concurrency"], lv["stream"]): lv for lv in runs[VLLM_REFERENCE]["levels"]}
+    ref_sum = {key: summarize(lv["rows"], lv["wall_s"]) for key, lv in ref.items()}
+    out = []
+    for method, run in runs.items():
+        for lv in run["levels"]:
+            key = (lv["concurrency"], lv["stream"])
+            s, base = summarize(lv["rows"], lv["wall_s"]), ref_sum[key]
+            out.append({"method": method, "concurrency": key[0], "stream": key[1], **s,
+                        "throughput_x": base["wall_s"] / s["wall_s"], "p50_x": s["p50_s"] / base["p50_s"],
+                        **compare_rows(lv["rows"], ref[key]["rows"]), "proposer": lv.get("proposer")})
+    return out
+
+
+def render_table(results: dict) -> str:
+    headers = ["method", "c", "stream", "req/s", "out tok/s", "p50 s", "p90 s", "TTFT p50 s", "thru x", "p50 x",
+               "identical", "ties", "defects", "chain", "batch", "price"]
+    numbers = (("requests_per_s", "{:.2f}"), ("output_tokens_per_s", "{:.1f}"), ("p50_s", "{:.2f}"),
+               ("p90_s", "{:.2f}"), ("ttft_p50_s", "{:.2f}"), ("throughput_x", "{:.2f}x"), ("p50_x", "{:.2f}x"))
+    rows = []
+    for lv in results["levels"]:
+        prop = lv.get("proposer") or {}
+        rows.append([lv["method"], lv["concurrency"], "on" if lv["stream"] else "off",
+                     *(fmt_cell(lv[k], spec) for k, spec in numbers), pct(lv["identical"], "-"),
+                     lv["near_ties"], lv["defects"],
+                     fmt_cell(prop.get("mean_chain"), "{:.2f}"), fmt_cell(prop.get("pricing", {}).get("batch"), "{}"),
+                     fmt_cell(prop.get("pricing", {}).get("price"), "{:.4f}")])
+    env = results["env"]
+    title = (f"### vllm-load: {results['target']} on {results['dataset']} ({results['n']} requests, "
+             f"{env['threads']} threads, {env['dtype']}, prefix caching {'on' if env['prefix_caching'] else 'off'})")
+    return title + "\n\n" + md_table(headers, rows, labels=3)
+
+
+def environment_of(args) -> dict:
+    """What the run ran on: ``vllm-bench``'s environment block (:func:`~ooospec.eval.vllm.runs.environment`) with
+    this bench's settings (prefix caching, concurrency levels, stream modes)."""
+    from ooospec.eval.vllm.runs import environment
+
+    return {**environment(args), "max_model_len": MAX_MODEL_LEN, "prefix_caching": args.prefix_caching == "on",
+            "warm_tools": False, "batch": max(args.levels), "served": True, "concurrency": args.levels,
+            "stream": args.streams, "log_interval_s": args.log_interval}
+
+
+def slim(levels: list[dict]) -> list[dict]:
+    """Levels as the results JSON keeps them: each row's prompt ids (used to classify, then done with) as their
+    count, ``prompt_tokens``."""
+    return [{**lv, "rows": [{k: v for k, v in r.items() if k != "prompt_token_ids"}
+                            | {"prompt_tokens": len(r.get("prompt_token_ids") or [])} for r in lv["rows"]]}
+            for lv in levels]
+
+
+def build_results(args, records: list[dict], runs: dict[str, dict]) -> dict:
+    return {"target": args.target, "dataset": args.dataset, "n": len(records), "order": list(runs),
+            "levels": level_table(runs), "load_s": {m: r["load_s"] for m, r in runs.items()},
+            "requests": {m: slim(r["levels"]) for m, r in runs.items()}, "env": environment_of(args)}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", required=True, help="registry name or a local HF folder")
+    p.add_argument("--dataset", default="apibank-l1", help=f"benchmark name (in {BENCHMARK_DIR_FLAG}) or a JSONL path")
+    p.add_argument(BENCHMARK_DIR_FLAG, type=Path, default=None)
+    p.add_argument("--limit", type=int, default=16, help="first N records by id: the requests of every level")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma-separated, from {','.join(LOAD_METHODS)} ({VLLM_REFERENCE} always runs, first)")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, one level each")
+    p.add_argument("--stream", choices=tuple(STREAM_CHOICES), default="both", help="stream mode(s) of each level")
+    p.add_argument("--prefix-caching", choices=("on", "off"), default="on")
+    add_engine_arguments(p)
+    p.add_argument("--log-interval", type=float, default=2.0, help="seconds between the proposer's metrics lines")
+    p.add_argument("--tie-margin", type=float, default=0.25, help="near-tie bound on plain's top-2 logprob margin")
+    p.add_argument("--no-classify", dest="classify", action="store_false",
+                   help="skip the untimed plain forwards that classify differing answers")
+    p.add_argument("--out", type=Path, required=True, help="results JSON; a .md table and server logs beside it")
+    p.add_argument("--cache", default=None, help="model cache folder (registry targets)")
+
+
+def run_cli(args) -> int:
+    from ooospec.runtime.backends.fetch import REGISTRY as MODELS
+    from ooospec.runtime.backends.hardware import vllm_cpu_env
+    from ooospec.runtime.backends.quantize import target_folder
+
+    validate(args)
+    records = load_examples(resolve_benchmark(args.dataset, args.benchmark_dir), args.limit)
+    try:
+        args.model_dir = str(target_folder(args.target, args.quantized, args.cache))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
+    if not Path(args.model_dir).is_dir():
+        raise SystemExit(f"--target {args.target!r}: not a registry model ({', '.join(MODELS)}) nor a folder")
+    vllm_cpu_env(args.threads, KVCACHE_GB, multiprocessing=True)
+    saved = Path(str(args.out) + ".rows")
+    runs = measure(args, records, saved)
+    if args.classify:
+        classify_levels(args, runs, MAX_MODEL_LEN)
+    results = build_results(args, records, runs)
+    write_json(args.out, results)
+    args.out.with_suffix(".md").write_text(render_table(results) + "\n")
+    shutil.rmtree(saved)
+    print(render_table(results))
+    return 0

@@ -1,0 +1,64 @@
+"""The README's results table: generated from the committed vLLM cells, never hand-edited."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ooospec.eval.vllm import headline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def summary(mean_s: float, n: int = 30, exact: float = 1.0, near: int = 0, defects: int = 0, **extra) -> dict:
+    return {"n": n, "mean_s": mean_s, "exact_rate": exact, "near_ties": near, "defects": defects, **extra}
+
+
+def cell(methods: dict, **env) -> dict:
+    return {"target": "/cache/models/qwen2.5-coder-1.5b", "dataset": "apibank-l1", "order": list(methods),
+            "methods": methods, "env": {"cpu": {"model": "AMD EPYC 9R14", "flags": ["avx2", "avx512f", "avx512_bf16"]},
+                                        "threads": 2, "dtype": "bfloat16", **env}}
+
+
+def test_the_readme_block_is_the_generated_table():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split(headline.BEGIN, 1)[1].split(headline.END, 1)[0].strip("\n")
+    assert block == headline.render(ROOT), "stale: python -m ooospec.eval.vllm.headline --write README.md"
+    assert len(block.splitlines()) < 60
+
+
+def test_a_row_holds_the_ratios_of_its_cell():
+    row = headline.row(cell({"vllm": summary(6.0), "toolspec": summary(2.0, exact=0.9, near=3),
+                             "ooospec": summary(2.5), "ooospec-dedicated": summary(1.6, defects=1),
+                             "ooospec-oracle": summary(1.5), "llama.cpp": summary(4.0)}))
+    assert row[:6] == ["epyc-avx512bf16, 2 threads", "bf16", "cold", "qwen2.5-coder-1.5b", "apibank-l1", 30]
+    assert row[6:] == ["6.00", "3.00x", "2.00x", "0.80x shared", "1.25x", "4.00x", "117/120 · 3 · 1"]
+
+
+def test_the_best_real_deployment_prefers_the_paired_ratio():
+    methods = {"toolspec": summary(2.0), "ooospec": summary(2.2),
+               "ooospec-wave-first": summary(1.9, paired_vs_toolspec=1.43)}
+    assert headline.best_real(methods) == "1.43x wave-first"
+    assert headline.best_real({"toolspec": summary(2.0)}) == "-"
+
+
+def test_quantized_weights_are_named_by_their_scheme():
+    assert headline.weights({"dtype": "bfloat16", "quantization": {"scheme": "w8a8-rtn"}}) == "w8a8-rtn"
+    assert headline.weights({"dtype": "float32"}) == "fp32"
+
+
+def test_write_replaces_only_the_block(tmp_path, monkeypatch):
+    (tmp_path / "eval/reports/vllm").mkdir(parents=True)
+    (tmp_path / "eval/reports/vllm/qwen2.5-coder-1.5b_apibank-l1.json").write_text(
+        json.dumps(cell({"vllm": summary(6.0), "toolspec": summary(2.0)})))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{headline.BEGIN}\nOLD-BLOCK\n{headline.END}\n\nafter\n")
+    assert headline.main(["--root", str(tmp_path), "--write", str(readme)]) == 0
+    text = readme.read_text()
+    assert "OLD-BLOCK" not in text and text.endswith("after\n")
+    assert "| epyc-avx512bf16, 2 threads | bf16 | cold |" in text
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="no results block"):
+        headline.main(["--root", str(tmp_path), "--write", str(readme)])
