@@ -25,6 +25,7 @@ from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_PREFILL, 
 
 # (folder, glob): the sessions the README's table shows, each a complete set of cells on one machine
 CELLS = (
+    ("eval/reports/transfer/vllm", "*.json"),                               # the transfer_vllm stage's cells
     ("eval/reports/vllm", "qwen2.5-coder-*.json"),                          # EPYC Zen 5, bf16, cold
     ("eval/reports/vllm/dedicated/matrix", "*_cold.json"),                   # Xeon AMX, bf16, cold
     ("eval/reports/vllm/wave-first/gated-scale", "*_warm.json"),            # Xeon AMX, bf16, warm, gated
@@ -37,13 +38,15 @@ NOT_DRAFTED = (VLLM_REFERENCE, VLLM_PREFILL, LLAMACPP_REFERENCE)
 BEGIN, END = "<!-- results: python -m ooospec.eval.vllm.headline --write README.md -->", "<!-- /results -->"
 HEADERS = ["machine", "weights", "toolbox", "target", "benchmark", "n", "vLLM plain s", "toolspec x plain",
            "toolspec x llama.cpp", "sidecar REAL x toolspec", "sidecar EMULATED x toolspec", "oracle x plain",
-           "identical / near ties / defects"]
+           "identical / near ties / defects", "verdict"]
+PAYS, LOSES = 1.05, 0.95     # the sidecar's best real deployment over toolspec: beyond these the verdict says so
 
 
-def load_cells(root: Path) -> list[dict]:
-    """Every vllm-bench cell of :data:`CELLS` under ``root``, in that order, each sorted by target and benchmark."""
+def load_cells(root: Path, sources=CELLS) -> list[dict]:
+    """Every vllm-bench cell of ``sources`` (``(folder, glob)`` pairs) under ``root``, in that order, each sorted by
+    target and benchmark."""
     out = []
-    for folder, pattern in CELLS:
+    for folder, pattern in sources:
         found = []
         for path in sorted((root / folder).glob(pattern)):
             if path.name.endswith(".llamacpp.json"):
@@ -59,9 +62,9 @@ def ratio(num: float | None, den: float | None) -> str:
     return f"{num / den:.2f}x" if num and den else "-"
 
 
-def best_real(methods: dict) -> str:
-    """The sidecar's best real deployment over ``toolspec``: the paired ratio where the cell ran one, else the ratio
-    of mean seconds; labelled with the deployment."""
+def best_real_value(methods: dict) -> tuple[float, str] | None:
+    """``(ratio, deployment)`` of the sidecar's best real deployment over ``toolspec`` (the paired ratio where the
+    cell ran one, else the ratio of mean seconds); None when the cell ran none."""
     toolspec = methods.get(TOOLSPEC, {}).get("mean_s")
     options = []
     for name in REAL_SIDECAR:
@@ -71,10 +74,23 @@ def best_real(methods: dict) -> str:
         value = s.get("paired_vs_toolspec") or (toolspec / s["mean_s"] if toolspec else None)
         if value:
             options.append((value, name))
-    if not options:
+    return max(options, key=lambda o: o[0]) if options else None
+
+
+def best_real(methods: dict) -> str:
+    best = best_real_value(methods)
+    if best is None:
         return "-"
-    value, name = max(options, key=lambda o: o[0])
-    return f"{value:.2f}x {'wave-first' if name == 'ooospec-wave-first' else 'shared'}"
+    return f"{best[0]:.2f}x {'wave-first' if best[1] == 'ooospec-wave-first' else 'shared'}"
+
+
+def verdict(methods: dict) -> str:
+    """Where the sidecar pays (its best real deployment >= :data:`PAYS` x ``toolspec``), where it loses (<=
+    :data:`LOSES`), else even (the gate holding it near 1.00x); ``toolspec only`` without a sidecar row."""
+    best = best_real_value(methods)
+    if best is None:
+        return "toolspec only"
+    return "sidecar pays" if best[0] >= PAYS else "sidecar loses" if best[0] <= LOSES else "even"
 
 
 def agreement(methods: dict) -> str:
@@ -99,15 +115,18 @@ def row(cell: dict) -> list:
     return [f"{cpu_class(env['cpu']['model'], env['cpu']['flags'])}, {env['threads']} threads", weights(env),
             "warm" if env.get("warm_tools") else "cold", Path(cell["target"]).name, cell["dataset"],
             m[VLLM_REFERENCE]["n"], f"{plain:.2f}", ratio(plain, toolspec), ratio(llama, toolspec), best_real(m),
-            ratio(toolspec, emulated), ratio(plain, oracle), agreement(m)]
+            ratio(toolspec, emulated), ratio(plain, oracle), agreement(m), verdict(m)]
 
 
-def render(root: Path) -> str:
-    """The table, with the line that names its sources and the command that regenerates it."""
-    cells = load_cells(root)
-    sources = ", ".join(f"`{folder}/`" for folder, _ in CELLS)
-    return (md_table(HEADERS, [row(c) for c in cells], align="lllll" + "r" * 8)
-            + f"\n\nFrom {len(cells)} cells in {sources} ({method_label(EMULATED)} is an emulation: "
+def render(root: Path, sources=CELLS) -> str:
+    """The table, with the line that names its sources."""
+    cells = load_cells(root, sources)
+    if not cells:
+        raise ValueError(f"no vllm-bench cells in {', '.join(str(root / f) for f, _ in sources)}")
+    names = ", ".join(f"`{folder}/`" for folder, _ in sources)
+    return (md_table(HEADERS, [row(c) for c in cells], align="lllll" + "r" * 8 + "l")
+            + f"\n\nFrom {len(cells)} cell{'' if len(cells) == 1 else 's'} in {names} "
+            f"({method_label(EMULATED)} is an emulation: "
             "its wave timed alone, replayed inside vLLM).")
 
 
@@ -124,14 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ooospec.eval.vllm.headline", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: here)")
     p.add_argument("--write", type=Path, default=None, help="replace the results block of this README")
+    p.add_argument("--cells", action="append", default=[], metavar="FOLDER",
+                   help="render these folders' cells (*.json) instead of the README's sources")
+    p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     args = p.parse_args(argv)
-    table = render(args.root)
-    if args.write is None:
+    table = render(args.root, tuple((f, "*.json") for f in args.cells) or CELLS)
+    for path, text in ((args.out, table + "\n"), (args.write, None)):
+        if path is None:
+            continue
+        text = text if text is not None else replace_block(path.read_text(encoding="utf-8"), table)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    if args.write is None and args.out is None:
         print(table)
-        return 0
-    tmp = args.write.with_name(args.write.name + ".partial")
-    tmp.write_text(replace_block(args.write.read_text(encoding="utf-8"), table), encoding="utf-8")
-    tmp.replace(args.write)
     return 0
 
 

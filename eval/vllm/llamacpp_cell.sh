@@ -1,10 +1,11 @@
-# Sourced by cpu_matrix.sh and cpu_quantized.sh: one llama.cpp greedy cell (`ooospec bench`, main venv), skipped
+# Sourced by cpu_matrix.sh, cpu_quantized.sh and transfer_cells.sh: one llama.cpp greedy cell (`ooospec bench`, main venv), skipped
 # when its JSON exists, written via .partial so an interrupted run leaves no finished-looking file.
-#   llamacpp_cell TARGET BENCH CELL LIMIT [--warm-tools]
+#   llamacpp_cell TARGET BENCH CELL LIMIT [--warm-tools]      (BENCH_DIR, when set: the benchmarks' folder)
 llamacpp_cell() {
   local t=$1 b=$2 cell=$3 limit=$4 warm=${5:-}
   [ -f "$cell.llamacpp.json" ] && return 0
-  .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" --limit "$limit" --methods llama.cpp \
+  .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" ${BENCH_DIR:+--benchmark-dir "$BENCH_DIR"} \
+    --limit "$limit" --methods llama.cpp \
     --threads 2 --max-new-tokens 128 --no-roofline $warm --out "$cell.llamacpp.json.partial"
   mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
 }

@@ -51,16 +51,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from ooospec.runtime.budget import AcceptanceStats, Proposal, collect_proposals
 from ooospec.runtime.drafters.base import DraftContext, Faults, observe_all
-from ooospec.runtime.methods import REGISTRY, TOOLSPEC, get_method
-from ooospec.runtime.sidecar.prompts import SERVED_NAME
+from ooospec.runtime.methods import get_method
 from ooospec.runtime.vllm import xargs
 from ooospec.runtime.vllm.chain import (
     ChainCost,
@@ -71,6 +69,8 @@ from ooospec.runtime.vllm.chain import (
     only_accepted,
     record_chain,
 )
+from ooospec.runtime.vllm.draft_switch import DraftSwitch
+from ooospec.runtime.vllm.options import ProposerConfig
 from ooospec.runtime.vllm.step_cost import StepClock, StepCost
 
 logger = logging.getLogger(__name__)
@@ -99,77 +99,6 @@ def export_count(name: str, value: int) -> None:
         _exported[name] = counter
     if counter:
         counter.inc(value)
-# the registry methods a vLLM engine runs (chains, no tree policy): the served ones marked ``vllm``; a ceiling such as
-# ooospec-oracle runs as the served method that takes hints, its hint text coming with each request
-VLLM_METHODS = tuple(n for n, m in REGISTRY.items() if m.vllm and m.served)
-
-
-@dataclass(frozen=True)
-class ProposerConfig:
-    """``--additional-config '{"ooospec": {...}}'``: the knobs of :class:`ChainProposer` (unknown keys are errors).
-
-    Attributes:
-        method: a registry method, ``toolspec`` or ``ooospec`` (``ooospec`` adds hints: ``ooospec_hint`` or the
-            sidecar).
-        sidecar_url: the sidecar server (``ooospec sidecar serve`` or vLLM serving the adapter); None = no waves.
-        sidecar_model: the served sidecar's model name (``sidecar`` for ours, the ``--lora-modules`` name on vLLM).
-        sidecar_layout: the prompt layout the adapter learned; None = ask the server (``/health``), and where it
-            reports none (vLLM serving the adapter as a LoRA) the shipped adapter's layout.
-        sidecar_wave: ``all`` (the index and every tool's arguments in one wave) or ``function-first`` (the index,
-            then the arguments of the likeliest functions only: :class:`~ooospec.runtime.sidecar.client.SidecarClient`).
-        sidecar_top_k: function-first's most candidate functions.
-        sidecar_gate: ``off`` (every request's wave is sent) or the deployment the sidecar runs in
-            (:data:`~ooospec.runtime.sidecar.deployments.SERVE_GATE_CHOICES`: ``shared`` = on the target's cores,
-            ``split``,
-            ``remote``): each wave is sent, cut or skipped by a :class:`~ooospec.runtime.sidecar.gate.WaveGate` from
-            that deployment's prior and the server's own calibration (``/health``). Inside vLLM the gate does not
-            learn from outcomes (no per-step timings reach the proposer): it decides from the prior.
-        chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`); with
-            ``chain_pricing="batch"`` the prior until the engine's own steps are fit.
-        chain_pricing: ``batch`` (default): each request's chain priced at ``slope * B`` in a batch of ``B``
-            decoding requests, ``slope`` learnt from the engine's steps (:mod:`~.step_cost`: under load chains
-            shorten, and stop where drafts no longer pay); ``fixed``: ``chain_cost_slope`` whatever the batch.
-        max_requests: request states kept at most (the oldest is dropped: a preempted request that never returns,
-            a client that disconnected and was never finished).
-        log_interval_s: :meth:`ChainProposer.metrics` logged at INFO at most this often, while serving (0 = never).
-    """
-
-    method: str = TOOLSPEC
-    sidecar_url: str | None = None
-    sidecar_model: str = SERVED_NAME
-    sidecar_layout: int | None = None
-    sidecar_wave: str = "all"
-    sidecar_top_k: int = 2
-    sidecar_gate: str = "off"
-    chain_cost_slope: float = 0.02
-    chain_pricing: str = "batch"
-    max_requests: int = 4096
-    log_interval_s: float = 30.0
-
-    def __post_init__(self):
-        if self.method not in VLLM_METHODS:
-            raise ValueError(f"ooospec method {self.method!r} does not run in vLLM; choose one of {VLLM_METHODS}")
-        if self.max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
-        if self.chain_pricing not in ("batch", "fixed"):
-            raise ValueError(f"chain_pricing must be 'batch' or 'fixed', got {self.chain_pricing!r}")
-        from ooospec.runtime.sidecar.deployments import SERVE_GATE_CHOICES
-
-        if self.sidecar_gate not in SERVE_GATE_CHOICES:
-            raise ValueError(f"sidecar_gate must be one of {SERVE_GATE_CHOICES}, got {self.sidecar_gate!r}")
-        if not (math.isfinite(self.log_interval_s) and self.log_interval_s >= 0):
-            raise ValueError(f"log_interval_s must be >= 0 (0 = never), got {self.log_interval_s}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping | None) -> ProposerConfig:
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ooospec option(s) {unknown} in additional_config; known: {sorted(known)}")
-        return cls(**d)
-
-
 @dataclass
 class History:
     """What a stream of requests taught the drafters (one per ``ooospec_history``): the retrieval bank, prompt
@@ -260,6 +189,8 @@ class ChainProposer:
         self.clock = clock
         self._logged_at = clock()
         self.step_cost = StepCost(self.config.chain_cost_slope)
+        self.switch = (DraftSwitch(min_batch=self.config.draft_switch_min_batch, clock=clock)
+                       if self.config.draft_switch else None)
         self.batch = 1                                # decoding requests in the current step
 
     # ---------------------------------------------------------------------------------------------- requests
@@ -342,9 +273,19 @@ class ChainProposer:
 
     # ---------------------------------------------------------------------------------------------- steps
 
-    def step(self, req_id: str, tokens: Sequence[int], sampled: Sequence[int], room: int) -> list[int]:
+    def draft_this_step(self, req_ids: Sequence[str], committed: int) -> bool:
+        """Whether this step drafts: the :class:`~.draft_switch.DraftSwitch` told what the last step committed
+        (always, without a switch)."""
+        if self.switch is None:
+            return True
+        self.switch.start(req_ids, committed)
+        return self.switch.decide(len(req_ids))
+
+    def step(self, req_id: str, tokens: Sequence[int], sampled: Sequence[int], room: int,
+             draft: bool = True) -> list[int]:
         """The chain for ``req_id`` given ``tokens`` (prompt + output so far, the last one sampled this step) and
-        ``sampled`` (what vLLM committed this step); at most ``min(max_len, room)`` tokens."""
+        ``sampled`` (what vLLM committed this step); at most ``min(max_len, room)`` tokens; none when not
+        ``draft`` (the draft switch: plain steps pay more at this batch), the last chain still learnt from."""
         state = self.requests[req_id]
         self._log_if_due()
         if state.off:
@@ -352,6 +293,9 @@ class ChainProposer:
         if state.chain:
             self._learn(state, accepted_of(state.chain, sampled))
         state.tokens = list(tokens)
+        if not draft:
+            state.chain, state.proposals = [], []
+            return []
         ctx = DraftContext(tuple(state.tokens), state.prompt_len, state.steps)
         if state.steps == 0:
             state.history.acceptance.start_request()
@@ -408,7 +352,8 @@ class ChainProposer:
                    "price": round(self.chain_cost().slope, 5), "steps_timed": len(self.step_cost.samples),
                    "fit_s": None if fit is None else [round(fit[0], 6), round(fit[1], 6)]}
         return {"totals": dict(self.totals), "live": len(self.requests), "drafters": drafters,
-                "window": self.window.summary(), "pricing": pricing, "faults": dict(sorted(self.faults.items()))}
+                "window": self.window.summary(), "pricing": pricing, "faults": dict(sorted(self.faults.items())),
+                "switch": self.switch.summary() if self.switch is not None else None}
 
     def _log_if_due(self) -> None:
         """Log :meth:`metrics` when ``log_interval_s`` has passed since the last log, and start a new window."""
@@ -467,6 +412,7 @@ class OoOSpecProposer:
         decoding = [self._req_ids[i] for i, s in enumerate(sampled_token_ids) if len(s) and i < len(self._req_ids)]
         self.steps.start(decoding)           # the step just run, timed when its batch was the previous one
         self.core.batch = len(decoding)
+        draft = self.core.draft_this_step(decoding, sum(len(s) for s in sampled_token_ids if len(s)))
         for i, sampled in enumerate(sampled_token_ids):
             if not len(sampled) or i >= len(self._req_ids):   # a chunked prefill goes on: no draft this step
                 out.append([])
@@ -477,7 +423,7 @@ class OoOSpecProposer:
                 self.core.start(req_id, prompt_len, extra)
             room = self.max_model_len - n - 1
             tokens = token_ids_cpu[i, :n].tolist()
-            out.append(self.core.step(req_id, tokens, list(sampled), room) if room > 0 else [])
+            out.append(self.core.step(req_id, tokens, list(sampled), room, draft) if room > 0 else [])
         self.steps.end(len(decoding) + sum(len(chain) for chain in out))   # the next step verifies roots + chains
         return out
 

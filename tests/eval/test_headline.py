@@ -34,7 +34,7 @@ def test_a_row_holds_the_ratios_of_its_cell():
                              "ooospec": summary(2.5), "ooospec-dedicated": summary(1.6, defects=1),
                              "ooospec-oracle": summary(1.5), "llama.cpp": summary(4.0)}))
     assert row[:6] == ["epyc-avx512bf16, 2 threads", "bf16", "cold", "qwen2.5-coder-1.5b", "apibank-l1", 30]
-    assert row[6:] == ["6.00", "3.00x", "2.00x", "0.80x shared", "1.25x", "4.00x", "117/120 · 3 · 1"]
+    assert row[6:] == ["6.00", "3.00x", "2.00x", "0.80x shared", "1.25x", "4.00x", "117/120 · 3 · 1", "sidecar loses"]
 
 
 def test_the_best_real_deployment_prefers_the_paired_ratio():
@@ -42,6 +42,9 @@ def test_the_best_real_deployment_prefers_the_paired_ratio():
                "ooospec-wave-first": summary(1.9, paired_vs_toolspec=1.43)}
     assert headline.best_real(methods) == "1.43x wave-first"
     assert headline.best_real({"toolspec": summary(2.0)}) == "-"
+    assert headline.verdict(methods) == "sidecar pays"
+    assert headline.verdict({"toolspec": summary(2.0)}) == "toolspec only"
+    assert headline.verdict({"toolspec": summary(2.0), "ooospec": summary(2.02)}) == "even"
 
 
 def test_quantized_weights_are_named_by_their_scheme():

@@ -126,17 +126,18 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def chain_decode(model, prompt: list[int], n: int, proposer: ChainProposer, req_id: str,
-                 extra: dict | None = None) -> tuple[list[int], int]:
+                 extra: dict | None = None, draft=lambda step: True) -> tuple[list[int], int]:
     """Greedy decoding with one draft chain per step, verified as vLLM does at temperature 0: drafts are kept while
-    they equal the target's argmax, then the target's own token. Returns (output, forwards)."""
+    they equal the target's argmax, then the target's own token; ``draft(step)`` False: the draft switch withholds
+    that step's chain. Returns (output, forwards)."""
     proposer.start(req_id, len(prompt), extra)
     tokens = list(prompt)
     with torch.no_grad():
         tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))     # the prefill's token
         sampled, forwards = [tokens[-1]], 1
         while len(tokens) - len(prompt) < n:
-            chain = proposer.step(req_id, tokens, sampled, room=64)
-            assert len(chain) <= proposer.max_len
+            chain = proposer.step(req_id, tokens, sampled, room=64, draft=draft(forwards))
+            assert len(chain) <= proposer.max_len and (draft(forwards) or chain == [])
             logits = model(torch.tensor([tokens + chain])).logits[0, len(tokens) - 1:]
             accepted = []
             for j, d in enumerate(chain):
@@ -553,3 +554,17 @@ def test_finished_requests_reach_the_drafter_even_on_an_empty_step():
     plain = SimpleNamespace(drafter=object(), input_batch=SimpleNamespace(req_ids=[]))   # another proposer
     update(plain, SimpleNamespace(finished_req_ids={"y"}))
     assert calls[-1] == ("update", None)
+
+
+def test_steps_the_switch_skips_keep_greedy_output_and_learning_float64():
+    """Every other step without a chain (the draft switch's plain steps): the same output, the drafted steps'
+    acceptance still learnt."""
+    model = tiny_model("qwen2")
+    proposer = ChainProposer(_Tok(), vocab_size=VOCAB, max_len=8, fmt=hermes,
+                             config=ProposerConfig(method="ooospec", chain_cost_slope=0.0))
+    prompt = [3, 9, 4, 5, 6, 7, 5, 6, 7, 5, 6]
+    ref = greedy(model, prompt, 20)
+    out, forwards = chain_decode(model, prompt, 20, proposer, "a", {"ooospec_hint": _Tok().decode(ref)},
+                                 draft=lambda step: step % 2 == 0)
+    assert out == ref
+    assert proposer.totals["accepted"] > 0 and forwards < 20

@@ -1,0 +1,166 @@
+"""How far one vLLM engine's own numerics move a top-2 margin: the near-tie bound of that engine and weight format.
+
+    .venv-vllm/bin/python -m ooospec.eval.vllm.numerics --target qwen2.5-coder-0.5b --quantized w8a8 \\
+        --dataset bfcl-simple-python --skip 30 --limit 16 \\
+        --out eval/reports/cpu/quantized/xeon-amx/numerics_qwen2.5-coder-0.5b_w8a8.json
+    python -m ooospec.eval.vllm.numerics --reclassify CELL.json --bound-from NUMERICS.json   # main venv
+
+Speculative decoding verifies k drafted tokens in one multi-token forward; plain decoding scores one token per
+forward. On a CPU the two shapes run different kernels (another accumulation order; int8 activations quantized per
+token over another set of rows), so the same position's logits differ in the last bits -- and a choice whose top-2
+margin is smaller than that difference can come out either way without any drafter being wrong. llama.cpp's backend
+measures it per file (:func:`ooospec.runtime.backends.llamacpp.batch_shape_diff`); this measures it inside vLLM on the
+traffic itself: each request decoded greedily one token per step (``logprobs=2``), then the prompt plus that output
+scored in one forward (``prompt_logprobs=2``, prefix caching off), and at every output position the two top-2
+margins compared. The engine's near-tie bound is the largest swing seen, at least :data:`MIN_BOUND` (the bf16 bound
+of ``vllm-bench --tie-margin``). ``--reclassify`` counts a stored cell's mismatches again against that bound and
+records the bound and its source in the cell's ``env.tie_margin``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+MIN_BOUND = 0.25
+
+
+def top2_margin(entry) -> float | None:
+    """The top-2 margin of one position's logprobs (``{token: Logprob}`` or ``{token: float}``), None without two."""
+    if not entry:
+        return None
+    values = sorted((getattr(v, "logprob", v) for v in entry.values()), reverse=True)
+    return values[0] - values[1] if len(values) > 1 else None
+
+
+def swings(decoded: list, scored: list, prompt_len: int) -> list[tuple[float, bool]]:
+    """``(|margin decoded - margin scored|, top-1 differs)`` at every output position: ``decoded`` the per-step
+    logprobs of the output, ``scored`` the prompt logprobs of prompt + output in one forward."""
+    out = []
+    for i, step in enumerate(decoded):
+        pos = prompt_len + i
+        if pos >= len(scored) or scored[pos] is None:
+            break
+        a, b = top2_margin(step), top2_margin(scored[pos])
+        if a is None or b is None:
+            continue
+        top_a = max(step, key=lambda t: getattr(step[t], "logprob", step[t]))
+        top_b = max(scored[pos], key=lambda t: getattr(scored[pos][t], "logprob", scored[pos][t]))
+        out.append((abs(a - b), top_a != top_b))
+    return out
+
+
+def summarize(all_swings: list[tuple[float, bool]], min_bound: float = MIN_BOUND) -> dict:
+    """Positions, the largest / 99th-percentile / mean swing, top-1 flips and the resulting near-tie bound."""
+    values = sorted(s for s, _ in all_swings)
+    if not values:
+        raise ValueError("no output position had two logprobs in both shapes: nothing measured")
+    p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
+    return {"positions": len(values), "max_swing": values[-1], "p99_swing": p99, "mean_swing": statistics.fmean(values),
+            "top1_flips": sum(f for _, f in all_swings), "bound": max(min_bound, values[-1])}
+
+
+def measure(llm, prompts: list[list[int]], max_tokens: int) -> list[tuple[float, bool]]:
+    """Each prompt (one request at a time, as the bench decodes) decoded one token per step, then prompt + output
+    scored in one forward; the swings of every output position."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    decode = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2)
+    score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    out = []
+    for p in prompts:
+        one = llm.generate([TokensPrompt(prompt_token_ids=p)], decode, use_tqdm=False)[0].outputs[0]
+        ids = list(p) + list(one.token_ids)
+        scored = llm.generate([TokensPrompt(prompt_token_ids=ids)], score, use_tqdm=False)[0].prompt_logprobs
+        out += swings(one.logprobs, scored, len(p))
+    return out
+
+
+def reclassify(cell: dict, bound: float, source: str) -> dict:
+    """``cell`` (a vllm-bench results JSON) with every mismatch's kind against ``bound`` and each method's
+    ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in cell["examples"]:
+        m = row.get("mismatch")
+        c = counts.setdefault(row["method"], {"near_ties": 0, "defects": 0})
+        if m is None or m.get("kind") == "unclassified":
+            continue
+        m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
+        c["near_ties" if m["kind"] == "near_tie" else "defects"] += 1
+    for method, c in counts.items():
+        if method in cell["methods"]:
+            cell["methods"][method].update(c)
+    cell["env"]["tie_margin"] = {"value": round(bound, 4), "from": source}
+    return cell
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    from ooospec.eval.bench.data import load_examples, prompt_ids_of
+    from ooospec.eval.vllm.runs import environment
+    from ooospec.runtime.backends.hardware import vllm_cpu_env
+    from ooospec.runtime.backends.quantize import target_folder
+    from ooospec.runtime.formats import detect_format
+    from ooospec.runtime.paths import resolve_benchmark
+
+    vllm_cpu_env(args.threads, kvcache_gb=2, multiprocessing=False)
+    args.model_dir = str(target_folder(args.target, args.quantized))
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    fmt = detect_format(tokenizer)
+    records = load_examples(resolve_benchmark(args.dataset, None))[args.skip:args.skip + args.limit]
+    prompts = [prompt_ids_of(r, tokenizer, fmt) for r in records]
+    llm = LLM(model=args.model_dir, tokenizer=args.model_dir, dtype=args.dtype, max_model_len=4096,
+              enable_prefix_caching=False, seed=0, max_num_seqs=1)
+    stats = summarize(measure(llm, prompts, args.max_new_tokens))
+    args.k, args.chain_cost_slope = None, None       # no drafting here
+    out = {"target": args.target, "quantized": args.quantized, "dataset": args.dataset, "skip": args.skip,
+           "requests": len(prompts),
+           **stats, "env": environment(args)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".partial")
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(args.out)
+    print(json.dumps({k: v for k, v in out.items() if k != "env"}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ooospec.eval.vllm.numerics", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", help="registry name (measure)")
+    p.add_argument("--quantized", default=None, help="the cached quantized checkpoint's scheme (measure)")
+    p.add_argument("--dataset", default="bfcl-simple-python")
+    p.add_argument("--limit", type=int, default=16)
+    p.add_argument("--skip", type=int, default=30,
+                   help="requests skipped first (by id): the bench cells' first 30, so the bound is not fit on them")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="the numerics JSON (measure)")
+    p.add_argument("--reclassify", type=Path, nargs="*", default=[], help="vllm-bench cell JSONs to count again")
+    p.add_argument("--bound-from", type=Path, help="the numerics JSON whose bound --reclassify applies")
+    args = p.parse_args(argv)
+    if args.reclassify:
+        if args.bound_from is None:
+            p.error("--reclassify needs --bound-from NUMERICS.json")
+        bound = json.loads(args.bound_from.read_text())["bound"]
+        for path in args.reclassify:
+            cell = reclassify(json.loads(path.read_text()), bound, str(args.bound_from))
+            tmp = path.with_name(path.name + ".partial")
+            tmp.write_text(json.dumps(cell, indent=1))
+            tmp.replace(path)
+            print(f"{path}: bound {bound:.3f}: " + ", ".join(
+                f"{m} {s['near_ties']} near ties / {s['defects']} defects" for m, s in cell["methods"].items()
+                if "near_ties" in s and m != "vllm"))
+        return 0
+    if not (args.target and args.out):
+        p.error("measuring needs --target and --out")
+    return run_measure(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The vLLM near-tie bound: margins in two forward shapes compared, and stored cells counted again against it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ooospec.eval.vllm import numerics
+
+
+def test_top2_margin_reads_logprob_objects_and_floats():
+    class LP:
+        def __init__(self, logprob):
+            self.logprob = logprob
+
+    assert numerics.top2_margin({1: LP(-0.1), 2: LP(-1.6), 3: LP(-3.0)}) == pytest.approx(1.5)
+    assert numerics.top2_margin({1: -0.5, 2: -0.75}) == pytest.approx(0.25)
+    assert numerics.top2_margin({1: -0.5}) is None and numerics.top2_margin(None) is None
+
+
+def test_swings_line_up_output_positions_with_the_scored_prompt():
+    decoded = [{7: -0.1, 8: -1.1}, {9: -0.2, 4: -0.4}]
+    scored = [None, {5: -1.0, 6: -2.0}, {7: -0.3, 8: -0.9}, {4: -0.3, 9: -0.35}]   # prompt of 2, then the output
+    got = numerics.swings(decoded, scored, prompt_len=2)
+    assert [round(s, 3) for s, _ in got] == [0.4, 0.15] and [f for _, f in got] == [False, True]
+
+
+def test_summarize_takes_the_largest_swing_at_least_the_floor():
+    stats = numerics.summarize([(0.1, False), (0.9, True), (0.05, False)])
+    assert stats["bound"] == 0.9 and stats["top1_flips"] == 1 and stats["positions"] == 3
+    assert numerics.summarize([(0.01, False)])["bound"] == numerics.MIN_BOUND
+    with pytest.raises(ValueError, match="nothing measured"):
+        numerics.summarize([])
+
+
+def cell() -> dict:
+    rows = [{"method": "toolspec", "record_id": "a", "mismatch": {"position": 3, "margin": 0.5625, "kind": "defect"}},
+            {"method": "toolspec", "record_id": "b", "mismatch": {"position": 1, "margin": 0.125, "kind": "near_tie"}},
+            {"method": "toolspec", "record_id": "c"},
+            {"method": "toolspec", "record_id": "d", "mismatch": {"position": 2, "margin": 1.5, "kind": "defect"}}]
+    return {"examples": rows, "env": {}, "methods": {"vllm": {"near_ties": 0, "defects": 0},
+                                                      "toolspec": {"near_ties": 1, "defects": 2}}}
+
+
+def test_reclassify_counts_against_the_measured_bound_and_records_it():
+    out = numerics.reclassify(cell(), 0.9, "numerics.json")
+    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}    # 0.5625 is within 0.9; 1.5 is not
+    assert out["env"]["tie_margin"] == {"value": 0.9, "from": "numerics.json"}
+    assert [r.get("mismatch", {}).get("kind") for r in out["examples"]] == ["near_tie", "near_tie", None, "defect"]
+
+
+def test_the_reclassify_command_rewrites_cells_atomically(tmp_path):
+    bound = tmp_path / "numerics.json"
+    bound.write_text(json.dumps({"bound": 0.6}))
+    path = tmp_path / "cell.json"
+    path.write_text(json.dumps(cell()))
+    assert numerics.main(["--reclassify", str(path), "--bound-from", str(bound)]) == 0
+    assert json.loads(path.read_text())["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}
+    assert not list(tmp_path.glob("*.partial"))
+    with pytest.raises(SystemExit):
+        numerics.main(["--reclassify", str(path)])
