@@ -26,6 +26,7 @@ from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_PREFILL, 
 # (folder, glob): the sessions the README's table shows, each a complete set of cells on one machine
 CELLS = (
     ("eval/reports/transfer/vllm", "*.json"),                               # the transfer_vllm stage's cells
+    ("eval/reports/transfer/vllm-full", "*.json"),                          # the full matrix (three families)
     ("eval/reports/vllm", "qwen2.5-coder-*.json"),                          # EPYC Zen 5, bf16, cold
     ("eval/reports/vllm/dedicated/matrix", "*_cold.json"),                   # Xeon AMX, bf16, cold
     ("eval/reports/vllm/wave-first/gated-scale", "*_warm.json"),            # Xeon AMX, bf16, warm, gated

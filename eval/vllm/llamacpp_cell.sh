@@ -6,6 +6,6 @@ llamacpp_cell() {
   [ -f "$cell.llamacpp.json" ] && return 0
   .venv/bin/ooospec bench --target "$t" --backend llama.cpp --dataset "$b" ${BENCH_DIR:+--benchmark-dir "$BENCH_DIR"} \
     --limit "$limit" --methods llama.cpp \
-    --threads 2 --max-new-tokens 128 --no-roofline $warm --out "$cell.llamacpp.json.partial"
+    --threads 2 --max-new-tokens 128 --no-roofline $warm --out "$cell.llamacpp.json.partial" || return
   mv "$cell.llamacpp.json.partial" "$cell.llamacpp.json"
 }

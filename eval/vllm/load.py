@@ -234,15 +234,19 @@ def parse_metrics(text: str) -> list[dict]:
 
 def proposer_summary(metrics: list[dict]) -> dict | None:
     """A level's chains from its metrics lines: steps, mean chain length and mean accepted drafts per step (each
-    window weighted by its steps), and the last line's pricing (batch, slope, price). None without lines."""
+    window weighted by its steps), the batch its steps decoded in (mean over the requests' steps, and the
+    largest), and the last line's pricing (batch at that line, slope, price). None without lines."""
     if not metrics:
         return None
     windows = [m.get("window") or {} for m in metrics]
     steps = sum(w.get("steps", 0) for w in windows)
     weighted = {k: sum(w.get(k, 0.0) * w.get("steps", 0) for w in windows) / steps if steps else None
-                for k in ("mean_chain", "mean_accepted")}
+                for k in ("mean_chain", "mean_accepted", "mean_batch")}
+    if not all("mean_batch" in w for w in windows if w.get("steps")):
+        weighted["mean_batch"] = None          # a proposer older than the batch count: unknown, not 1
     pricing = metrics[-1].get("pricing") or {}
     return {"lines": len(metrics), "steps": steps, **weighted,
+            "max_batch": max((w.get("max_batch") or 0 for w in windows), default=0) or None,
             "pricing": {k: pricing.get(k) for k in ("mode", "batch", "slope", "price")}}
 
 
@@ -381,6 +385,13 @@ def level_table(runs: dict[str, dict]) -> list[dict]:
     return out
 
 
+def batch_cell(proposer: dict) -> str:
+    """``mean (max)`` decoding requests per step over the level; ``-`` where the proposer's logs lack the count (the
+    last metrics line's batch, often the final request alone, is not the level's)."""
+    mean, largest = proposer.get("mean_batch"), proposer.get("max_batch")
+    return "-" if mean is None else f"{mean:.1f} ({largest})"
+
+
 def render_table(results: dict) -> str:
     headers = ["method", "c", "stream", "req/s", "out tok/s", "p50 s", "p90 s", "TTFT p50 s", "thru x", "p50 x",
                "identical", "ties", "defects", "chain", "batch", "price"]
@@ -392,7 +403,7 @@ def render_table(results: dict) -> str:
         rows.append([lv["method"], lv["concurrency"], "on" if lv["stream"] else "off",
                      *(fmt_cell(lv[k], spec) for k, spec in numbers), pct(lv["identical"], "-"),
                      lv["near_ties"], lv["defects"],
-                     fmt_cell(prop.get("mean_chain"), "{:.2f}"), fmt_cell(prop.get("pricing", {}).get("batch"), "{}"),
+                     fmt_cell(prop.get("mean_chain"), "{:.2f}"), batch_cell(prop),
                      fmt_cell(prop.get("pricing", {}).get("price"), "{:.4f}")])
     env = results["env"]
     title = (f"### vllm-load: {results['target']} on {results['dataset']} ({results['n']} requests, "

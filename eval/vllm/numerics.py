@@ -14,7 +14,8 @@ traffic itself: each request decoded greedily one token per step (``logprobs=2``
 scored in one forward (``prompt_logprobs=2``, prefix caching off), and at every output position the two top-2
 margins compared. The engine's near-tie bound is the largest swing seen, at least :data:`MIN_BOUND` (the bf16 bound
 of ``vllm-bench --tie-margin``). ``--reclassify`` counts a stored cell's mismatches again against that bound and
-records the bound and its source in the cell's ``env.tie_margin``.
+records the bound and its source in the cell's ``env.tie_margin``; ``--probe`` adds the positions where a mismatch
+probe saw the engine, with no drafter, pick the drafted token (the engine's numerics, whatever the margin).
 """
 
 from __future__ import annotations
@@ -79,21 +80,37 @@ def measure(llm, prompts: list[list[int]], max_tokens: int) -> list[tuple[float,
     return out
 
 
-def reclassify(cell: dict, bound: float, source: str) -> dict:
+def engine_flip(probe: dict) -> tuple[str, int] | None:
+    """``(record, position)`` when a mismatch probe (``tests/manual/vllm_mismatch_probe.py``'s result, as stored:
+    ``{"record": ..., "result": {...}}``) shows the engine with no drafter picking the drafting method's token at
+    that position in one of its batchings -- the engine's shape numerics chose, not the drafter; None otherwise."""
+    r = probe["result"]
+    picks = [max(v, key=v.get) for k, v in r.items() if isinstance(v, dict) and v]
+    return (probe["record"], r["position"]) if r["method_token"] in picks else None
+
+
+def reclassify(cell: dict, bound: float, source: str, flips: frozenset = frozenset()) -> dict:
     """``cell`` (a vllm-bench results JSON) with every mismatch's kind against ``bound`` and each method's
-    ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from."""
+    ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from.
+    ``flips``: ``(record, position)`` pairs a probe showed the engine itself choosing either way
+    (:func:`engine_flip`): a mismatch there is a near tie whatever its margin (``"by": "probe"``)."""
     counts: dict[str, dict[str, int]] = {}
     for row in cell["examples"]:
         m = row.get("mismatch")
         c = counts.setdefault(row["method"], {"near_ties": 0, "defects": 0})
         if m is None or m.get("kind") == "unclassified":
             continue
-        m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
+        m.pop("by", None)
+        if (row["record_id"], m.get("position")) in flips:
+            m.update(kind="near_tie", by="probe")
+        else:
+            m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
         c["near_ties" if m["kind"] == "near_tie" else "defects"] += 1
     for method, c in counts.items():
         if method in cell["methods"]:
             cell["methods"][method].update(c)
-    cell["env"]["tie_margin"] = {"value": round(bound, 4), "from": source}
+    cell["env"]["tie_margin"] = {"value": round(bound, 4), "from": source,
+                                 **({"engine_flips": sorted(map(list, flips))} if flips else {})}
     return cell
 
 
@@ -143,16 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the numerics JSON (measure)")
     p.add_argument("--reclassify", type=Path, nargs="*", default=[], help="vllm-bench cell JSONs to count again")
     p.add_argument("--bound-from", type=Path, help="the numerics JSON whose bound --reclassify applies")
+    p.add_argument("--probe", type=Path, nargs="*", default=[],
+                   help="mismatch probes (tests/manual/vllm_mismatch_probe.py, stored as JSON): where one shows the "
+                        "engine alone picking the drafted token, that mismatch is a near tie")
     args = p.parse_args(argv)
     if args.reclassify:
         if args.bound_from is None:
             p.error("--reclassify needs --bound-from NUMERICS.json")
         bound = json.loads(args.bound_from.read_text())["bound"]
+        flips = frozenset(f for f in (engine_flip(json.loads(p.read_text())) for p in args.probe) if f)
         for path in args.reclassify:
-            cell = reclassify(json.loads(path.read_text()), bound, str(args.bound_from))
+            cell = reclassify(json.loads(path.read_text()), bound, str(args.bound_from), flips)
             tmp = path.with_name(path.name + ".partial")
             tmp.write_text(json.dumps(cell, indent=1))
             tmp.replace(path)
+            table = path.with_name(path.name + ".md")       # the cell's own table, as vllm-bench wrote it
+            if table.exists():
+                from ooospec.eval.vllm.report import render_table
+
+                table.write_text(render_table(cell) + "\n", encoding="utf-8")
             print(f"{path}: bound {bound:.3f}: " + ", ".join(
                 f"{m} {s['near_ties']} near ties / {s['defects']} defects" for m, s in cell["methods"].items()
                 if "near_ties" in s and m != "vllm"))

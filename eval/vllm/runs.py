@@ -355,15 +355,11 @@ def server_command(args, method: str, port: int) -> list[str]:
 
 
 def stop_server(proc, timeout_s: float = 60.0) -> None:
-    """Terminate a server process; kill it when it has not exited after ``timeout_s``."""
-    import subprocess
+    """Terminate a server process; kill it when it has not exited after ``timeout_s``, and whatever it started
+    (vLLM's engine core) that still runs."""
+    from ooospec.runtime.sidecar.process import stop_tree
 
-    proc.terminate()
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_tree(proc, timeout_s)
 
 
 def scrape_counters(url: str) -> dict[str, float]:
@@ -486,4 +482,4 @@ def environment(args) -> dict:
             "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],
             "served": bool(getattr(args, "serve_lora", None)),
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                                                   "VLLM_ENABLE_V1_MULTIPROCESSING")}}
+                                                   "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_AOT_COMPILE")}}

@@ -14,3 +14,20 @@ VENV=${VLLM_VENV:-.venv-vllm}
 "$VENV/bin/pip" install -q --no-deps -e .
 "$VENV/bin/pip" install -q "jsonschema>=4.20" "regex>=2023.10" "pytest>=8" "openai>=1.40"
 "$VENV/bin/python" -c "import vllm, ooospec.runtime.vllm.plugin as p; p.register(); assert p.installed(), p.why_not(); print('vLLM', vllm.__version__, 'with the ooospec plugin')"
+# vLLM's `suffix` speculation (the `vllm-suffix` peer) needs arctic-inference: PyPI has only its source. Its suffix
+# tree is plain C++ (nanobind); built against this venv's torch and protobuf (~20 s), its CUDA ops left out. Optional:
+# a failed build leaves vLLM as it was and says so.
+V=$(cd "$VENV" && pwd)
+build_arctic() {
+  "$V/bin/pip" install -q "nanobind==2.9.2" cmake \
+      "grpcio-tools==$("$V/bin/python" -c 'import grpc; print(grpc.__version__)')" \
+      "protobuf==$("$V/bin/python" -c 'import google.protobuf as p; print(p.__version__)')" \
+    && PATH="$V/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$V/bin/python -Dnanobind_DIR=$("$V/bin/python" -m nanobind --cmake_dir)" \
+      "$V/bin/pip" install -q --no-build-isolation --no-deps "arctic-inference==0.3.0"
+}
+has_suffix() { (cd /tmp && "$V/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null); }
+if has_suffix || { build_arctic && has_suffix; }; then
+  echo "vllm-suffix: arctic-inference's suffix tree is installed"
+else
+  echo "vllm-suffix: arctic-inference did not build here; vLLM runs without the suffix peer" >&2
+fi

@@ -5,8 +5,9 @@
 # `ooospec-wave-first` (gated, warmed on WARMUP requests after the timed ones, paired with `toolspec` on the same
 # engine), its EMULATED own device `ooospec-dedicated`, the hint ceiling `ooospec-oracle` -- on the same requests,
 # 2 threads, the sidecar server on the same cores; then the cells' table (eval/vllm/headline.py). Resumable: a
-# finished cell is kept. Without .venv-vllm the stage writes a table that says so and the transformers transfer
-# stage (`transfer`) is the fallback.
+# finished cell of these methods (or more) and this limit is kept; a cell that fails leaves CELL.error.txt (its last
+# log lines) and the others go on. Without .venv-vllm the stage writes a table that says so and the transformers
+# transfer stage (`transfer`) is the fallback.
 #   OUT=eval/reports/transfer/vllm TARGETS=... BENCHES=... LIMIT=10 METHODS=... CACHE=warm bash eval/vllm/transfer_cells.sh
 # (ADAPTER: the sidecar; BENCH_DIR: the benchmarks' folder; SCRIPTS: where llamacpp_cell.sh / sidecar_server.sh are)
 set -euo pipefail
@@ -40,18 +41,40 @@ source "$SCRIPTS/llamacpp_cell.sh"
 source "$SCRIPTS/sidecar_server.sh"
 start_sidecar .venv/bin "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads 2 --dtype bf16 \
   --engine transformers
+run_cell() {   # run_cell TARGET BENCH CELL: llama.cpp greedy, then the vLLM methods, on the same requests
+  local t=$1 b=$2 cell=$3
+  # (called under `if`, where set -e is off: each step returns its own failure)
+  llamacpp_cell "$t" "$b" "$cell" "$LIMIT" $WARM_FLAG || return
+  .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --benchmark-dir "$BENCH_DIR" --limit "$LIMIT" \
+    --methods "$METHODS" \
+    --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" --gate-warmup "$WARMUP" --paired \
+    --sidecar-wave function-first --threads 2 --max-new-tokens 128 $WARM_FLAG \
+    --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json.partial" || return
+  mv "$cell.json.partial" "$cell.json"
+}
 for t in $TARGETS; do
   for b in $BENCHES; do
     cell="$OUT/${t}_${b}_${CACHE}"
-    [ -f "$cell.json" ] && continue
-    llamacpp_cell "$t" "$b" "$cell" "$LIMIT" $WARM_FLAG
-    .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --benchmark-dir "$BENCH_DIR" --limit "$LIMIT" \
-      --methods "$METHODS" \
-      --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" --gate-warmup "$WARMUP" --paired \
-      --sidecar-wave function-first --threads 2 --max-new-tokens 128 $WARM_FLAG \
-      --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json.partial"
-    mv "$cell.json.partial" "$cell.json"
+    if [ -f "$cell.json" ]; then
+      # kept when it ran (at least) these methods on this many requests; a cell of other params is run again
+      same=$(.venv/bin/python -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print(int(set(sys.argv[2].split(",")) <= set(d["order"]) and d["methods"]["vllm"]["n"] == int(sys.argv[3])))' \
+        "$cell.json" "$METHODS" "$LIMIT")
+      [ "$same" = 1 ] && continue
+      echo "transfer_vllm: $cell.json ran other methods or another limit; running it again" >&2
+      rm -f "$cell.json" "$cell.llamacpp.json"
+    fi
+    rm -f "$cell.error.txt"
+    if ! run_cell "$t" "$b" "$cell" 2>&1 | tee "$OUT/.cell.log"; then
+      # a target vLLM (or llama.cpp) cannot run is listed with its error; the other cells go on
+      { echo "# $t x $b ($CACHE): failed $(date -u +%FT%TZ)"; grep -v '^\s*$' "$OUT/.cell.log" | tail -n 40; } \
+        > "$cell.error.txt"
+      echo "transfer_vllm: $t x $b failed; the error is in $cell.error.txt" >&2
+    fi
   done
 done
-.venv/bin/python -m ooospec.eval.vllm.headline --cells "$OUT" --out "$OUT/table.md"
+rm -f "$OUT/.cell.log"
+if compgen -G "$OUT/*_$CACHE.json" > /dev/null; then
+  .venv/bin/python -m ooospec.eval.vllm.headline --cells "$OUT" --out "$OUT/table.md"
+fi
 echo TRANSFER_VLLM_DONE

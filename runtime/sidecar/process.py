@@ -7,7 +7,7 @@
 
 :func:`launch_sidecar` runs the server as a subprocess (optionally pinned to some cores) and waits for its
 ``/health``; :func:`start_server` does that for any server command line (vLLM too); :func:`health` and
-:func:`wait_idle` ask a running one.
+:func:`wait_idle` ask a running one; :func:`stop_tree` stops one with everything it started.
 """
 
 from __future__ import annotations
@@ -37,14 +37,7 @@ class SidecarProcess:
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM (graceful), then SIGKILL after ``timeout`` seconds; returns the exit code."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        return self.popen.returncode
+        return stop_tree(self.popen, timeout)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -57,6 +50,43 @@ class SidecarProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def descendants(pid: int) -> list[int]:
+    """The PIDs of ``pid``'s children, their children, ... (read from Linux's ``/proc``; [] where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop_tree(popen: subprocess.Popen, timeout: float = 60.0) -> int:
+    """Stop a server and everything it started: SIGTERM, SIGKILL after ``timeout`` seconds, then SIGKILL each of its
+    descendants still alive (vLLM's engine core and workers outlive an API server that dies before it reaps them,
+    and spin on the cores). Returns the server's exit code."""
+    kids = descendants(popen.pid) if popen.poll() is None else []
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return popen.returncode
 
 
 def free_port(host: str = "127.0.0.1") -> int:

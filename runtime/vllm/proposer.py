@@ -133,11 +133,14 @@ class ChainWindow:
     steps: int = 0
     accepted: int = 0                         # drafts vLLM accepted, learnt in this window
     lengths: Counter = field(default_factory=Counter)   # chain length -> steps
+    batches: Counter = field(default_factory=Counter)   # decoding requests in the engine step -> steps
 
     def summary(self) -> dict:
         n = max(self.steps, 1)
         return {"steps": self.steps, "mean_chain": sum(k * v for k, v in self.lengths.items()) / n,
-                "mean_accepted": self.accepted / n, "chain_lengths": dict(sorted(self.lengths.items()))}
+                "mean_accepted": self.accepted / n, "chain_lengths": dict(sorted(self.lengths.items())),
+                "mean_batch": sum(k * v for k, v in self.batches.items()) / n,
+                "max_batch": max(self.batches, default=0)}
 
 
 class ChainProposer:
@@ -308,6 +311,7 @@ class ChainProposer:
         self.totals["drafted"] += len(state.chain)
         self.window.steps += 1
         self.window.lengths[len(state.chain)] += 1
+        self.window.batches[self.batch] += 1
         return list(state.chain)
 
     def chain_cost(self) -> ChainCost:

@@ -215,9 +215,11 @@ def test_summary_of_a_level():
     assert (s["p50_s"], s["ttft_p50_s"]) == (2.5, 1.25) and s["p90_s"] == pytest.approx(3.7)
 
 
-def metrics_line(steps: int, mean_chain: float, batch: int, price: float) -> str:
-    m = {"totals": {"steps": 1}, "window": {"steps": steps, "mean_chain": mean_chain, "mean_accepted": 1.0,
-                                            "chain_lengths": {}},
+def metrics_line(steps: int, mean_chain: float, batch: int, price: float, mean_batch: float | None = None) -> str:
+    window = {"steps": steps, "mean_chain": mean_chain, "mean_accepted": 1.0, "chain_lengths": {}}
+    if mean_batch is not None:
+        window |= {"mean_batch": mean_batch, "max_batch": round(mean_batch + 0.5)}
+    m = {"totals": {"steps": 1}, "window": window,
          "pricing": {"mode": "batch", "batch": batch, "slope": 0.01, "price": price}}
     return (f"(EngineCore_DP0 pid=7) INFO 01-02 03:04:05 [proposer.py:402] {vl.METRICS_MARK}"
             f"{json.dumps(m, sort_keys=True)}")
@@ -233,6 +235,16 @@ def test_the_proposer_log_lines_of_a_level():
     assert s["pricing"] == {"mode": "batch", "batch": 8, "slope": 0.01, "price": 0.05}
     assert vl.proposer_summary([]) is None
     assert vl.proposer_summary(vl.parse_metrics(metrics_line(0, 0.0, 1, 0.0)))["mean_chain"] is None
+    # logs older than the batch count: unknown, never the last line's batch
+    assert s["mean_batch"] is None and vl.batch_cell(s) == "-"
+
+
+def test_the_batch_column_is_the_levels_not_the_last_lines():
+    # the level ran 16 wide; its last line came when one request was left (pricing batch 1)
+    log = "\n".join([metrics_line(30, 4.0, 16, 0.05, mean_batch=14.0), metrics_line(10, 8.0, 1, 0.01, mean_batch=2.0)])
+    s = vl.proposer_summary(vl.parse_metrics(log))
+    assert s["mean_batch"] == pytest.approx(11.0) and s["max_batch"] == 14
+    assert vl.batch_cell(s) == "11.0 (14)"
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -245,7 +257,7 @@ def level(c: int, stream: bool, wall: float, latency: float, texts: list[str], p
 
 
 def test_levels_compare_with_plain_at_the_same_level_and_render():
-    prop = vl.proposer_summary(vl.parse_metrics(metrics_line(10, 6.0, 4, 0.03)))
+    prop = vl.proposer_summary(vl.parse_metrics(metrics_line(10, 6.0, 1, 0.03, mean_batch=3.6)))
     runs = {"vllm": {"load_s": 1.0, "levels": [level(1, False, 4.0, 1.0, ["a", "b"]),
                                                level(4, False, 2.0, 2.0, ["a", "b"])]},
             "toolspec": {"load_s": 1.0, "levels": [level(1, False, 2.0, 0.5, ["a", "b"]),
@@ -263,7 +275,7 @@ def test_levels_compare_with_plain_at_the_same_level_and_render():
     row = next(ln for ln in lines if ln.startswith("| toolspec | 4 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2:] == ["off", "0.50", "2.0", "3.00", "3.00", "1.50", "0.50x", "1.50x", "50.0%", "0", "0",
-                         "6.00", "4", "0.0300"]
+                         "6.00", "3.6 (4)", "0.0300"]
     plain = next(ln for ln in lines if ln.startswith("| vllm | 1 |"))
     assert plain.rstrip().endswith("| 100.0% | 0 | 0 | - | - | - |")
 

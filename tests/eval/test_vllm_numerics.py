@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from ooospec.eval.vllm import numerics
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_top2_margin_reads_logprob_objects_and_floats():
@@ -60,3 +63,38 @@ def test_the_reclassify_command_rewrites_cells_atomically(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
     with pytest.raises(SystemExit):
         numerics.main(["--reclassify", str(path)])
+
+
+def test_reclassify_rewrites_the_cells_own_table_too(tmp_path):
+    # a real cell of the full matrix: SmolLM2 in bf16, one request where every drafting method (vLLM's ngram too)
+    # leaves plain's one-token path at a margin of 0.75 -- a defect at bf16's default bound
+    src = ROOT / "eval/reports/transfer/vllm-full/smollm2-135m_bfcl-simple-python_warm.json"
+    path = tmp_path / src.name
+    path.write_text(src.read_text(encoding="utf-8"))
+    table = tmp_path / (src.name + ".md")
+    table.write_text("stale\n")
+    bound = tmp_path / "numerics.json"
+    bound.write_text(json.dumps({"bound": 1.0}))
+    assert numerics.main(["--reclassify", str(path), "--bound-from", str(bound)]) == 0
+    text = table.read_text(encoding="utf-8")
+    assert text.startswith("smollm2-135m on bfcl-simple-python")
+    rows = [ln for ln in text.splitlines() if ln.startswith("| toolspec |")]
+    assert rows and rows[0].rstrip().endswith("| 0 |")         # its defects column, counted against 1.0
+
+
+def probe(method_token: str, **shapes) -> dict:
+    return {"record": "a", "result": {"position": 3, "plain_token": "x", "method_token": method_token, **shapes}}
+
+
+def test_a_probe_that_sees_the_engine_pick_the_drafted_token_makes_that_mismatch_a_near_tie():
+    flipped = probe("y", one_forward_at_pos={"x": -1.33, "y": -1.21}, prefill_to_3_then_decode={"x": -0.5, "y": -2.0})
+    held = probe("y", one_forward_at_pos={"x": -0.5, "y": -2.0})
+    assert numerics.engine_flip(flipped) == ("a", 3) and numerics.engine_flip(held) is None
+    out = numerics.reclassify(cell(), 0.25, "numerics.json", frozenset({("a", 3)}))
+    kinds = [r.get("mismatch", {}) for r in out["examples"]]
+    assert kinds[0] == {"position": 3, "margin": 0.5625, "kind": "near_tie", "by": "probe"}
+    assert kinds[3]["kind"] == "defect"                       # another record: the bound decides
+    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}
+    assert out["env"]["tie_margin"]["engine_flips"] == [["a", 3]]
+    again = numerics.reclassify(out, 0.25, "numerics.json")   # without the probe: counted by the bound again
+    assert again["examples"][0]["mismatch"] == {"position": 3, "margin": 0.5625, "kind": "defect"}

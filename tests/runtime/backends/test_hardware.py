@@ -112,3 +112,16 @@ def test_cpu_class_names_vendor_and_widest_matrix_isa():
     assert cpu_class("AMD EPYC 9R14 96-Core Processor", ["avx2", "avx512f", "avx512_bf16"]) == "epyc-avx512bf16"
     assert cpu_class("AMD EPYC 7R32", ["avx2", "fma"]) == "epyc-avx2"
     assert cpu_class("Apple M2", []) == "cpu-baseline"
+
+
+def test_vllm_cpu_env_defaults_what_the_user_did_not_set(monkeypatch):
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING",
+                "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")                    # the user's own: kept
+    got = hardware.vllm_cpu_env(2, kvcache_gb=2)
+    # AOT off: vllm-cpu 0.32 cannot load its own AOT artifacts and compiles again at every start
+    assert got == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "7",
+                   "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0"}
+    with pytest.raises(ValueError, match="threads"):
+        hardware.vllm_cpu_env(0)

@@ -424,6 +424,7 @@ def test_metrics_count_drafters_and_chains_and_are_logged_on_an_interval(caplog)
     assert m["totals"]["accepted"] == pytest.approx(m["window"]["mean_accepted"] * m["window"]["steps"])
     assert sum(m["window"]["chain_lengths"].values()) == m["window"]["steps"]
     assert m["window"]["mean_chain"] * m["window"]["steps"] == pytest.approx(m["totals"]["drafted"])
+    assert (m["window"]["mean_batch"], m["window"]["max_batch"]) == (1.0, 1)      # one request decoding alone
     assert m["faults"] == {"ooospec_hint_schedule": 1}
     drafters = m["drafters"]
     assert {"schema_fsm"} <= set(drafters) and any(k.startswith("hints") for k in drafters)
@@ -436,6 +437,10 @@ def test_metrics_count_drafters_and_chains_and_are_logged_on_an_interval(caplog)
     assert len(logged) == 1                                        # once per interval, at the first step past it
     assert json.loads(logged[0].split("metrics ", 1)[1])["totals"]["requests"] == 2
     assert proposer.metrics()["window"]["steps"] < proposer.metrics()["totals"]["steps"]   # a new window began
+    proposer.batch = 6                  # as OoOSpecProposer sets it: the engine step decodes 6 requests
+    chain_decode(model, prompt, 10, proposer, "c", {"ooospec_tools": json.dumps(TOOLS)})
+    window = proposer.metrics()["window"]
+    assert window["max_batch"] == 6 and 1.0 < window["mean_batch"] < 6.0   # the level's batch, not the last step's
 
 
 def test_hint_tokens_only_the_hints_proposed_are_counted_and_exported(monkeypatch):

@@ -83,7 +83,7 @@ def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "
     variables. Yields ``(openai client, port, process)`` once it answers."""
     import openai
 
-    from ooospec.runtime.sidecar.process import free_port
+    from ooospec.runtime.sidecar.process import free_port, stop_tree
 
     port = free_port()
     spec = {"method": "custom_class", "model": "ooospec.runtime.vllm.OoOSpecProposer", "num_speculative_tokens": 16}
@@ -108,8 +108,7 @@ def vllm_server(log_path: Path, model_dir: str, options: dict, *, dtype: str = "
                 time.sleep(2)
         yield client, port, proc
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_tree(proc, 60)   # the server, then its engine core and workers if they outlive it
         log.close()
 
 
