@@ -78,19 +78,29 @@ def best_real_value(methods: dict) -> tuple[float, str] | None:
     return max(options, key=lambda o: o[0]) if options else None
 
 
+def no_wave(methods: dict, deployment: str) -> bool:
+    """True when the deployment's gate sent no wave in the cell: it drafted as ``toolspec`` on every request, and its
+    ratio to ``toolspec`` is the two runs' noise, not the sidecar's doing."""
+    return methods.get(deployment, {}).get("waves_sent") == 0
+
+
 def best_real(methods: dict) -> str:
     best = best_real_value(methods)
     if best is None:
         return "-"
-    return f"{best[0]:.2f}x {'wave-first' if best[1] == 'ooospec-wave-first' else 'shared'}"
+    label = "wave-first" if best[1] == "ooospec-wave-first" else "shared"
+    return f"{best[0]:.2f}x {label}" + (" (0 waves)" if no_wave(methods, best[1]) else "")
 
 
 def verdict(methods: dict) -> str:
     """Where the sidecar pays (its best real deployment >= :data:`PAYS` x ``toolspec``), where it loses (<=
-    :data:`LOSES`), else even (the gate holding it near 1.00x); ``toolspec only`` without a sidecar row."""
+    :data:`LOSES`), else even (the gate holding it near 1.00x); ``even (no wave)`` where the gate sent none, whatever
+    the ratio; ``toolspec only`` without a sidecar row."""
     best = best_real_value(methods)
     if best is None:
         return "toolspec only"
+    if no_wave(methods, best[1]):
+        return "even (no wave)"
     return "sidecar pays" if best[0] >= PAYS else "sidecar loses" if best[0] <= LOSES else "even"
 
 

@@ -45,6 +45,9 @@ def test_the_best_real_deployment_prefers_the_paired_ratio():
     assert headline.verdict(methods) == "sidecar pays"
     assert headline.verdict({"toolspec": summary(2.0)}) == "toolspec only"
     assert headline.verdict({"toolspec": summary(2.0), "ooospec": summary(2.02)}) == "even"
+    # the gate sent no wave: both arms drafted as toolspec, so a 1.10x paired ratio is noise, not a sidecar that pays
+    idle = {"toolspec": summary(2.5), "ooospec-wave-first": summary(2.9, paired_vs_toolspec=1.10, waves_sent=0)}
+    assert headline.best_real(idle) == "1.10x wave-first (0 waves)" and headline.verdict(idle) == "even (no wave)"
 
 
 def test_quantized_weights_are_named_by_their_scheme():
