@@ -138,7 +138,8 @@ def render(root: Path, sources=CELLS) -> str:
     return (md_table(HEADERS, [row(c) for c in cells], align="lllll" + "r" * 8 + "l")
             + f"\n\nFrom {len(cells)} cell{'' if len(cells) == 1 else 's'} in {names} "
             f"({method_label(EMULATED)} is an emulation: "
-            "its wave timed alone, replayed inside vLLM).")
+            "its wave timed alone, replayed inside vLLM; REAL: the sidecar server on the target's own 2 cores; "
+            "vLLM one request at a time, prefix caching on where the toolbox is warm).")
 
 
 def replace_block(text: str, table: str) -> str:
