@@ -18,8 +18,9 @@ One engine per method (speculation is an engine setting), built, warmed up (one 
 every request; the engine is dropped before the next method. Per request: wall time of ``LLM.generate``, new
 tokens, tokens accepted (vLLM's spec-decode counters), target forwards ``= new - accepted``, #MAT, and whether the
 tokens equal the ``vllm`` row's. A mismatch is classified from vLLM's own top-2 logprob margin at the first
-divergence (one untimed re-run of ``vllm`` with logprobs): ``near_tie`` at or under ``--tie-margin``, else
-``defect``. ``--llamacpp-bench`` joins an ``ooospec bench`` JSON of the same requests (its ``llama.cpp`` rows:
+divergence (an untimed re-run of ``vllm`` with logprobs, on a fresh engine, of the requests some method parted
+from it; none when all matched): ``near_tie`` at or under ``--tie-margin``, else ``defect``. ``--llamacpp-bench``
+joins an ``ooospec bench`` JSON of the same requests (its ``llama.cpp`` rows:
 llama-cpp-python's greedy on the target's GGUF) by record id. The engine runs are :mod:`ooospec.eval.vllm.runs`
 (each method in a fresh process, :func:`run_worker`); the tables :mod:`ooospec.eval.vllm.report`.
 
@@ -44,6 +45,7 @@ from ooospec.eval.vllm.runs import (
     add_engine_arguments,
     environment,
     first_divergence,
+    run_margins,
     run_method,
     run_server_method,
     sampling_params,
@@ -61,6 +63,8 @@ from ooospec.runtime.methods import (
 )
 from ooospec.runtime.paths import BENCHMARK_DIR_FLAG, resolve_benchmark
 from ooospec.runtime.sidecar.deployments import GATE_OFF, SERVE_GATE_CHOICES
+
+MARGINS_JOB = "vllm-margins"     # run_worker's job: plain's margins (--classify), not a method
 
 
 def compare(rows: list[dict], reference: dict[str, dict], tie_margin: float) -> None:
@@ -210,6 +214,8 @@ def run_cli(args: argparse.Namespace) -> int:
     order = [m for m in order if m not in rows or m != VLLM_REFERENCE]     # --add: the earlier reference stands
     saved = Path(str(args.out) + ".rows")       # each method's rows as it finishes: a rerun resumes from them
     rows = measure(args, order, records, prompts, params, rows, saved)
+    if args.classify:
+        add_missing_margins(args, rows, prompts, params, saved)
     order = [VLLM_REFERENCE] + [m for m in rows if m != VLLM_REFERENCE]
     reference = {r["record_id"]: r for r in rows[VLLM_REFERENCE]}
     for method in order:
@@ -283,6 +289,30 @@ def measure(args, order: list[str], records: list[dict], prompts: list[list[int]
     return rows
 
 
+def unclassified(rows: dict[str, list[dict]]) -> list[int]:
+    """The requests (indices in record order) where some method's tokens part from ``vllm``'s and ``vllm``'s row has
+    no margins yet: the only ones the near-tie classification needs margins for."""
+    others = [m for m in rows if m not in (VLLM_REFERENCE, VLLM_PREFILL)]
+    return [i for i, ref in enumerate(rows[VLLM_REFERENCE]) if "margins" not in ref
+            and any(first_divergence(ref["tokens"], rows[m][i]["tokens"]) is not None for m in others)]
+
+
+def add_missing_margins(args, rows: dict[str, list[dict]], prompts: list[list[int]], params: dict,
+                        saved: Path) -> None:
+    """``--classify``: vLLM plain's margins (:func:`~ooospec.eval.vllm.runs.run_margins`, a fresh engine in its own
+    process) on the requests where a method parted from it (:func:`unclassified`), added to its rows (and to
+    ``saved``, so a rerun keeps them). Nothing runs when every answer matched."""
+    todo = unclassified(rows)
+    if not todo:
+        return
+    print(f"[vllm-bench] plain's logprob margins on the {len(todo)} request(s) some method parted from it ...",
+          file=sys.stderr)
+    margins = run_worker(args, MARGINS_JOB, [], [prompts[i] for i in todo], params, {})
+    for i, m in zip(todo, margins):
+        rows[VLLM_REFERENCE][i]["margins"] = m
+    (saved / f"{VLLM_REFERENCE}.json").write_text(json.dumps(rows[VLLM_REFERENCE]))
+
+
 def joined_llamacpp_rows(path: Path | None, records: list[dict], prompts: list[list[int]]) -> dict[str, dict]:
     """``--llamacpp-bench``: the llama.cpp rows of the same requests (:func:`llamacpp_rows`), their prompts checked
     to be as long as this run's."""
@@ -336,8 +366,11 @@ def worker_main(job_path: str) -> int:
     """One method's rows (see :func:`run_worker`)."""
     job = json.loads(Path(job_path).read_text())
     args = argparse.Namespace(**job["args"])
-    run = run_server_method if getattr(args, "serve_lora", None) else run_method
-    rows = run(args, job["method"], job["records"], job["prompts"], job["params"], job["reference"])
+    if job["method"] == MARGINS_JOB:
+        rows = run_margins(args, job["prompts"], job["params"])
+    else:
+        run = run_server_method if getattr(args, "serve_lora", None) else run_method
+        rows = run(args, job["method"], job["records"], job["prompts"], job["params"], job["reference"])
     Path(job["out"]).write_text(json.dumps(rows))
     return 0
 

@@ -8,12 +8,14 @@ the cells counted against it, then its table, plot and W&B run.
 The params file has one ``transfer_vllm`` section, as params.yaml's, with ``caches`` (a list of ``warm`` / ``cold``)
 instead of ``cache`` and an ``out`` folder. The script runs once per toolbox state and benchmark, every target in
 each, so all families reach a benchmark before the next one starts. A finished cell is kept; a cell that fails (a
-target vLLM cannot load) leaves ``CELL.error.txt`` with its error, which the table lists.
+target vLLM cannot load) leaves ``CELL.error.txt`` with its error, which the table lists. ``touch OUT/.stop`` stops
+the run after the cell it is in (no report); remove the file and run again to go on.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import yaml
 from ooospec.reporting import md_table
 
 SCRIPT = Path(__file__).with_name("transfer_cells.sh")
+STOP = ".stop"        # a file of this name in the out folder stops the run before its next cell
 KEYS = ("targets", "benchmarks", "limit", "methods", "caches", "gate", "warmup", "out")
 
 
@@ -56,6 +59,15 @@ def runs(params: dict) -> list[dict]:
              "LIMIT": str(params["limit"]), "METHODS": params["methods"], "CACHE": cache,
              "GATE": str(params["gate"]), "WARMUP": str(params["warmup"])}
             for cache in params["caches"] for bench in params["benchmarks"]]
+
+
+def missing_methods(cell: Path, methods: str, limit: int) -> str:
+    """What ``transfer_cells.sh`` does with a finished cell: ``""`` keep it (it ran ``methods`` on ``limit``
+    requests), ``"m1,m2"`` add the methods it lacks (``vllm-bench --add``), ``"ALL"`` run it again (another limit)."""
+    data = json.loads(cell.read_text())
+    if data["methods"]["vllm"]["n"] != int(limit):
+        return "ALL"
+    return ",".join(m for m in methods.split(",") if m and m not in data["order"])
 
 
 def cells_of(out: Path, target: str) -> list[Path]:
@@ -154,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         for env in runs(params):
             print(f"[matrix] {env['CACHE']} {env['BENCHES']}: {env['TARGETS']}", flush=True)
             subprocess.run(["bash", str(SCRIPT)], env=os.environ | env, check=True)
+            if (out / STOP).exists():
+                print(f"[matrix] stopped at {out / STOP}: remove it and run again to go on", flush=True)
+                return 0
     bound_cells(params)
     print(write_report(out, args.report_to))
     return 0

@@ -222,8 +222,6 @@ def run_method(args, method: str, records: list[dict], prompts: list[list[int]],
     try:
         run.warm_up(llm, records[0], prompts[0])
         rows = [run.timed(llm, i, record, ids) for i, (record, ids) in enumerate(zip(records, prompts))]
-        if method == VLLM_REFERENCE and args.classify:
-            add_margins(llm, rows, prompts, params)
     finally:
         del llm
         gc.collect()
@@ -322,16 +320,23 @@ class MethodRun:
                 "accepted": accepted, "forwards": max(len(tokens) - accepted, 1), "load_s": self.load_s}
 
 
-def add_margins(llm, rows: list[dict], prompts: list[list[int]], params: dict) -> None:
-    """``--classify`` on vLLM plain: each row's top-2 logprob margin at every output position (what the near-tie
-    classification reads), in untimed greedy requests."""
-    from vllm import SamplingParams
+def run_margins(args, prompts: list[list[int]], params: dict) -> list[list[float | None]]:
+    """``--classify``: vLLM plain's top-2 logprob margin at every output position of each prompt (what the near-tie
+    classification reads), on a fresh plain engine of the run's settings, untimed greedy requests one at a time."""
+    from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    margins_for = SamplingParams(**params, logprobs=2)
-    for row, ids in zip(rows, prompts):
-        lp = llm.generate([TokensPrompt(prompt_token_ids=ids)], margins_for, use_tqdm=False)[0].outputs[0]
-        row["margins"] = [margin_at(lp.logprobs, i) for i in range(len(lp.token_ids))]
+    llm = LLM(**engine_kwargs(args, VLLM_REFERENCE))
+    try:
+        margins_for = SamplingParams(**params, logprobs=2)
+        out = []
+        for ids in prompts:
+            lp = llm.generate([TokensPrompt(prompt_token_ids=ids)], margins_for, use_tqdm=False)[0].outputs[0]
+            out.append([margin_at(lp.logprobs, i) for i in range(len(lp.token_ids))])
+    finally:
+        del llm
+        gc.collect()
+    return out
 
 
 def server_command(args, method: str, port: int) -> list[str]:

@@ -5,8 +5,9 @@
 # `ooospec-wave-first` (gated, warmed on WARMUP requests after the timed ones, paired with `toolspec` on the same
 # engine), its EMULATED own device `ooospec-dedicated`, the hint ceiling `ooospec-oracle` -- on the same requests,
 # 2 threads, the sidecar server on the same cores; then the cells' table (eval/vllm/headline.py). Resumable: a
-# finished cell of these methods (or more) and this limit is kept; a cell that fails leaves CELL.error.txt (its last
-# log lines) and the others go on. Without .venv-vllm the stage writes a table that says so and the transformers
+# finished cell of these methods (or more) and this limit is kept, one that lacks some of them gets only those added
+# (`vllm-bench --add`, compared with its own vLLM plain rows); a cell that fails leaves CELL.error.txt (its last log
+# lines) and the others go on; a file OUT/.stop stops the run before its next cell (the cell running finishes). Without .venv-vllm the stage writes a table that says so and the transformers
 # transfer stage (`transfer`) is the fallback.
 #   OUT=eval/reports/transfer/vllm TARGETS=... BENCHES=... LIMIT=10 METHODS=... CACHE=warm bash eval/vllm/transfer_cells.sh
 # (ADAPTER: the sidecar; BENCH_DIR: the benchmarks' folder; SCRIPTS: where llamacpp_cell.sh / sidecar_server.sh are)
@@ -41,28 +42,49 @@ source "$SCRIPTS/llamacpp_cell.sh"
 source "$SCRIPTS/sidecar_server.sh"
 start_sidecar .venv/bin "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads 2 --dtype bf16 \
   --engine transformers
+vllm_bench() {   # vllm_bench TARGET BENCH CELL METHODS [--add]: the vLLM methods of one cell
+  local t=$1 b=$2 cell=$3 methods=$4 add=${5:-} warmup=0
+  [[ ",$methods," == *",ooospec-wave-first,"* ]] && warmup=$WARMUP     # the gate warm-up is wave-first's
+  .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --benchmark-dir "$BENCH_DIR" --limit "$LIMIT" \
+    --methods "$methods" $add \
+    --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" --gate-warmup "$warmup" --paired \
+    --sidecar-wave function-first --threads 2 --max-new-tokens 128 $WARM_FLAG \
+    --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json.partial"
+}
 run_cell() {   # run_cell TARGET BENCH CELL: llama.cpp greedy, then the vLLM methods, on the same requests
   local t=$1 b=$2 cell=$3
   # (called under `if`, where set -e is off: each step returns its own failure)
   llamacpp_cell "$t" "$b" "$cell" "$LIMIT" $WARM_FLAG || return
-  .venv-vllm/bin/ooospec vllm-bench --target "$t" --dataset "$b" --benchmark-dir "$BENCH_DIR" --limit "$LIMIT" \
-    --methods "$METHODS" \
-    --sidecar-url "http://127.0.0.1:$PORT" --sidecar-gate "$GATE" --gate-warmup "$WARMUP" --paired \
-    --sidecar-wave function-first --threads 2 --max-new-tokens 128 $WARM_FLAG \
-    --llamacpp-bench "$cell.llamacpp.json" --out "$cell.json.partial" || return
+  if [ -n "${MISSING:-}" ]; then      # the finished cell plus its missing methods, then in its place
+    cp "$cell.json" "$cell.json.partial"
+    vllm_bench "$t" "$b" "$cell" "$MISSING" --add || return
+  else
+    vllm_bench "$t" "$b" "$cell" "$METHODS" || return
+  fi
   mv "$cell.json.partial" "$cell.json"
 }
 for t in $TARGETS; do
   for b in $BENCHES; do
     cell="$OUT/${t}_${b}_${CACHE}"
+    if [ -f "$OUT/.stop" ]; then
+      echo "transfer_vllm: $OUT/.stop is there; stopping before $cell (remove it and run again to go on)" >&2
+      exit 0
+    fi
+    MISSING=
     if [ -f "$cell.json" ]; then
-      # kept when it ran (at least) these methods on this many requests; a cell of other params is run again
-      same=$(.venv/bin/python -c 'import json, sys; d = json.load(open(sys.argv[1]))
-print(int(set(sys.argv[2].split(",")) <= set(d["order"]) and d["methods"]["vllm"]["n"] == int(sys.argv[3])))' \
-        "$cell.json" "$METHODS" "$LIMIT")
-      [ "$same" = 1 ] && continue
-      echo "transfer_vllm: $cell.json ran other methods or another limit; running it again" >&2
-      rm -f "$cell.json" "$cell.llamacpp.json"
+      # kept when it ran these methods on this many requests; the methods it lacks are added to it (same
+      # requests, compared with its own plain rows); a cell of another limit is run again
+      MISSING=$(.venv/bin/python -c 'import sys; from pathlib import Path
+from ooospec.eval.vllm.matrix import missing_methods
+print(missing_methods(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])))' "$cell.json" "$METHODS" "$LIMIT")
+      [ -z "$MISSING" ] && continue
+      if [ "$MISSING" = ALL ]; then
+        echo "transfer_vllm: $cell.json ran another limit; running it again" >&2
+        rm -f "$cell.json" "$cell.llamacpp.json"
+        MISSING=
+      else
+        echo "transfer_vllm: $cell.json lacks $MISSING; adding them" >&2
+      fi
     fi
     rm -f "$cell.error.txt"
     if ! run_cell "$t" "$b" "$cell" 2>&1 | tee "$OUT/.cell.log"; then

@@ -175,6 +175,33 @@ def test_a_reference_without_margins_leaves_mismatches_unclassified():
     assert vb.summarize(rows, None)["unclassified"] == 1 and vb.summarize(rows, None)["defects"] == 0
 
 
+def test_plain_margins_run_only_on_the_requests_a_method_parted_from_and_are_kept(tmp_path, monkeypatch):
+    rows = {"vllm": [_row("a", "vllm", [1, 2, 3]), _row("b", "vllm", [1, 2, 3]),
+                     _row("c", "vllm", [1, 2, 3], margins=[1.0, 1.0, 1.0])],
+            "toolspec": [_row("a", "toolspec", [1, 2, 3]), _row("b", "toolspec", [1, 9, 3]),
+                         _row("c", "toolspec", [1, 9, 3])],
+            "vllm-prefill": [_row(r, "vllm-prefill", [1]) for r in "abc"]}
+    assert vb.unclassified(rows) == [1]       # a matched; c has margins already; prefill rows are no answers
+    calls = []
+
+    def worker(args, method, records, prompts, params, reference):
+        calls.append((method, prompts))
+        return [[4.0, 0.1, 3.0] for _ in prompts]
+
+    monkeypatch.setattr(vb, "run_worker", worker)
+    saved = tmp_path / "cell.json.rows"
+    saved.mkdir()
+    vb.add_missing_margins(argparse.Namespace(), rows, [[7], [8], [9]], {}, saved)
+    assert calls == [(vb.MARGINS_JOB, [[8]])]
+    assert rows["vllm"][1]["margins"] == [4.0, 0.1, 3.0] and "margins" not in rows["vllm"][0]
+    assert json.loads((saved / "vllm.json").read_text())[1]["margins"] == [4.0, 0.1, 3.0]
+    vb.compare(rows["toolspec"], {r["record_id"]: r for r in rows["vllm"]}, 0.25)
+    assert [r.get("mismatch", {}).get("kind") for r in rows["toolspec"]] == [None, "near_tie", "defect"]
+    calls.clear()
+    vb.add_missing_margins(argparse.Namespace(), rows, [[7], [8], [9]], {}, saved)
+    assert calls == []                        # every mismatch has its margins: no engine starts
+
+
 def test_prefill_rows_give_decode_speedups_and_are_no_method_row(tmp_path):
     """``vllm-prefill`` (one new token on the plain engine) times the prompt's forward: decode speedups leave it out."""
     assert vllm_runs.speculative_config("vllm-prefill", 16, 8) is None

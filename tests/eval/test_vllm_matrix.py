@@ -88,3 +88,11 @@ def test_cells_are_counted_against_their_targets_own_bound(tmp_path):
     cell = json.loads((out / src.name).read_text())
     assert cell["env"]["tie_margin"]["value"] == 1.0
     assert all(s.get("defects", 0) == 0 for s in cell["methods"].values())
+
+
+def test_a_finished_cell_is_kept_extended_by_the_methods_it_lacks_or_run_again(tmp_path):
+    cell = tmp_path / "t_b_warm.json"
+    cell.write_text(json.dumps({"order": ["vllm", "toolspec"], "methods": {"vllm": {"n": 30}}}))
+    assert matrix.missing_methods(cell, "vllm,toolspec", 30) == ""
+    assert matrix.missing_methods(cell, "vllm,vllm-suffix,toolspec,ooospec-oracle", 30) == "vllm-suffix,ooospec-oracle"
+    assert matrix.missing_methods(cell, "vllm,toolspec", 10) == "ALL"
