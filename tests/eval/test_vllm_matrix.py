@@ -28,6 +28,9 @@ def test_the_shipped_full_matrix_is_three_families_thirty_requests_warm_and_cold
     params = matrix.load_params(ROOT / "eval/vllm/transfer_full.yaml")
     assert {"smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b"} <= set(params["targets"])
     assert params["limit"] == 30 and params["caches"] == ["warm", "cold"]
+    # the methods: vLLM's own, toolspec, both REAL deployments, the EMULATED one, the ceiling
+    assert set(params["methods"].split(",")) == {"vllm", "vllm-ngram", "vllm-suffix", "toolspec", "ooospec",
+                                                 "ooospec-wave-first", "ooospec-dedicated", "ooospec-oracle"}
     order = matrix.runs(params)
     assert len(order) == len(params["benchmarks"]) * 2
     # every family reaches a benchmark before the next benchmark starts; warm before cold
