@@ -103,6 +103,8 @@ def summarize(rows: list[dict], ref_mean: float | None) -> dict:
                    paired_same_tokens=sum(bool(p["same_tokens"]) for p in pairs),
                    paired_faster=sum(p["toolspec_s"] > r["time_s"] for p, r in zip(pairs, rows)))
     waves = [r["wave"] for r in rows if r.get("wave")]
+    if not waves and any("sidecar_requests" in r for r in rows):    # the shared deployment: its gate's waves
+        out["sidecar_waves"] = sum(r.get("sidecar_requests", 0) > 0 for r in rows)
     if waves:                                 # ooospec-wave-first: the waves sent and their seconds
         sent = [w for w in waves if w.get("banks")]
         out.update(waves_sent=len(sent), wave_mean_s=statistics.fmean(w["wave_s"] for w in sent) if sent else 0.0)
@@ -307,7 +309,8 @@ def add_missing_margins(args, rows: dict[str, list[dict]], prompts: list[list[in
         return
     print(f"[vllm-bench] plain's logprob margins on the {len(todo)} request(s) some method parted from it ...",
           file=sys.stderr)
-    margins = run_worker(args, MARGINS_JOB, [], [prompts[i] for i in todo], params, {})
+    reference = {str(i): {"tokens": rows[VLLM_REFERENCE][i]["tokens"]} for i in todo}    # what the re-run must follow
+    margins = run_worker(args, MARGINS_JOB, [], [prompts[i] for i in todo], params, reference)
     for i, m in zip(todo, margins):
         rows[VLLM_REFERENCE][i]["margins"] = m
     (saved / f"{VLLM_REFERENCE}.json").write_text(json.dumps(rows[VLLM_REFERENCE]))
@@ -349,12 +352,13 @@ def run_worker(args, method: str, records: list[dict], prompts: list[list[int]],
     import subprocess
     import tempfile
 
+    keep = ("tokens",) if method == MARGINS_JOB else ("text",)     # what the job reads of the reference rows
     with tempfile.TemporaryDirectory(prefix="vllm-bench-") as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "rows.json"
         job.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                                             if not callable(v)},
                                    "method": method, "records": records, "prompts": prompts, "params": params,
-                                   "reference": {k: {"text": v["text"]} for k, v in reference.items()},
+                                   "reference": {k: {f: v[f] for f in keep} for k, v in reference.items()},
                                    "out": str(out)}))
         r = subprocess.run([sys.executable, "-m", "ooospec.eval.vllm.bench", str(job)], check=False)
         if r.returncode != 0 or not out.is_file():
@@ -367,7 +371,7 @@ def worker_main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     args = argparse.Namespace(**job["args"])
     if job["method"] == MARGINS_JOB:
-        rows = run_margins(args, job["prompts"], job["params"])
+        rows = run_margins(args, job["prompts"], job["params"], [v["tokens"] for v in job["reference"].values()])
     else:
         run = run_server_method if getattr(args, "serve_lora", None) else run_method
         rows = run(args, job["method"], job["records"], job["prompts"], job["params"], job["reference"])

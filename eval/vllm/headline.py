@@ -2,20 +2,23 @@
 
     python -m ooospec.eval.vllm.headline                 # print the table
     python -m ooospec.eval.vllm.headline --write README.md   # replace the block between the README's markers
+    python -m ooospec.eval.vllm.headline --all --out eval/reports/transfer/cells.md    # + the earlier sessions
 
 One row per cell (target x benchmark on one machine, weights and toolbox state), fixed columns: vLLM plain's mean
 seconds per request, then ratios of mean seconds on the same requests -- ``toolspec`` over vLLM plain and over
 llama.cpp's greedy on the registry's Q4_K_M GGUF (same threads), the sidecar's best REAL deployment over ``toolspec``
 (``ooospec`` sharing the cores, or ``ooospec-wave-first``, paired on one engine where the cell ran it so), the
 EMULATED own-device deployment over ``toolspec``, the hint ceiling (``ooospec-oracle``) over plain -- and every
-drafted answer against plain's: identical / near ties / defects. ``-``: not run in that cell. The cells are
-:data:`CELLS` (folders of one session each); ``tests/eval/test_headline.py`` fails when the README differs.
+drafted answer against plain's: identical / near ties / defects. ``-``: not run in that cell. The README's cells
+are :data:`README_CELLS` (folders of one session each), the transfer report's ``cells.md`` all of :data:`CELLS`;
+``tests/eval/test_headline.py`` fails when either differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from ooospec.eval.bench.summaries import method_label
@@ -24,14 +27,19 @@ from ooospec.runtime.backends.hardware import cpu_class
 from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_PREFILL, VLLM_REFERENCE
 
 # (folder, glob): the sessions the README's table shows, each a complete set of cells on one machine
-CELLS = (
+README_CELLS = (
     ("eval/reports/transfer/vllm", "*.json"),                               # the transfer_vllm stage's cells
     ("eval/reports/transfer/vllm-full", "*.json"),                          # the full matrix (three families)
+    ("eval/reports/cpu/quantized/xeon-amx", "w8a8*/*.json"),                # Xeon AMX, int8, warm
+)
+# ... and the earlier sessions' cells (two Qwen sizes), which the transfer report's cells.md adds (--all)
+EARLIER_CELLS = (
     ("eval/reports/vllm", "qwen2.5-coder-*.json"),                          # EPYC Zen 5, bf16, cold
     ("eval/reports/vllm/dedicated/matrix", "*_cold.json"),                   # Xeon AMX, bf16, cold
     ("eval/reports/vllm/wave-first/gated-scale", "*_warm.json"),            # Xeon AMX, bf16, warm, gated
-    ("eval/reports/cpu/quantized/xeon-amx", "w8a8*/*.json"),                # Xeon AMX, int8, warm
 )
+CELLS = README_CELLS + EARLIER_CELLS
+ALL_CELLS_MD = "eval/reports/transfer/cells.md"    # every cell of CELLS: --all --out eval/reports/transfer/cells.md
 REAL_SIDECAR = ("ooospec-wave-first", "ooospec")     # the sidecar's real deployments, best first when tied
 EMULATED = "ooospec-dedicated"
 ORACLE = "ooospec-oracle"
@@ -40,10 +48,11 @@ BEGIN, END = "<!-- results: python -m ooospec.eval.vllm.headline --write README.
 HEADERS = ["machine", "weights", "toolbox", "target", "benchmark", "n", "vLLM plain s", "toolspec x plain",
            "toolspec x llama.cpp", "sidecar REAL x toolspec", "sidecar EMULATED x toolspec", "oracle x plain",
            "identical / near ties / defects", "verdict"]
+VLLM_OWN = ("vllm-ngram", "vllm-suffix")         # vLLM's own speculation
 PAYS, LOSES = 1.05, 0.95     # the sidecar's best real deployment over toolspec: beyond these the verdict says so
 
 
-def load_cells(root: Path, sources=CELLS) -> list[dict]:
+def load_cells(root: Path, sources=README_CELLS) -> list[dict]:
     """Every vllm-bench cell of ``sources`` (``(folder, glob)`` pairs) under ``root``, in that order, each sorted by
     target and benchmark."""
     out = []
@@ -65,7 +74,9 @@ def ratio(num: float | None, den: float | None) -> str:
 
 def best_real_value(methods: dict) -> tuple[float, str] | None:
     """``(ratio, deployment)`` of the sidecar's best real deployment over ``toolspec`` (the paired ratio where the
-    cell ran one, else the ratio of mean seconds); None when the cell ran none."""
+    cell ran one, else the ratio of mean seconds); None when the cell ran none. A deployment whose gate sent waves
+    (or did not count them) comes before one that sent none -- a no-wave ratio is two runs' noise, not the sidecar --
+    and among those a paired ratio before an unpaired one; then the larger."""
     toolspec = methods.get(TOOLSPEC, {}).get("mean_s")
     options = []
     for name in REAL_SIDECAR:
@@ -74,14 +85,20 @@ def best_real_value(methods: dict) -> tuple[float, str] | None:
             continue
         value = s.get("paired_vs_toolspec") or (toolspec / s["mean_s"] if toolspec else None)
         if value:
-            options.append((value, name))
-    return max(options, key=lambda o: o[0]) if options else None
+            options.append(((waves_sent(s) != 0, "paired_vs_toolspec" in s, value), (value, name)))
+    return max(options)[1] if options else None
 
 
 def no_wave(methods: dict, deployment: str) -> bool:
     """True when the deployment's gate sent no wave in the cell: it drafted as ``toolspec`` on every request, and its
     ratio to ``toolspec`` is the two runs' noise, not the sidecar's doing."""
-    return methods.get(deployment, {}).get("waves_sent") == 0
+    return waves_sent(methods.get(deployment, {})) == 0
+
+
+def waves_sent(summary: dict) -> int | None:
+    """The requests a real deployment sent a wave for: wave-first's own count, or the shared deployment's as its
+    sidecar server counted them; None where the cell did not count."""
+    return summary.get("waves_sent", summary.get("sidecar_waves"))
 
 
 def best_real(methods: dict) -> str:
@@ -129,7 +146,7 @@ def row(cell: dict) -> list:
             ratio(toolspec, emulated), ratio(plain, oracle), agreement(m), verdict(m)]
 
 
-def render(root: Path, sources=CELLS) -> str:
+def render(root: Path, sources=README_CELLS) -> str:
     """The table, with the line that names its sources."""
     cells = load_cells(root, sources)
     if not cells:
@@ -142,13 +159,79 @@ def render(root: Path, sources=CELLS) -> str:
             "vLLM one request at a time, prefix caching on where the toolbox is warm).")
 
 
-def replace_block(text: str, table: str) -> str:
-    """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by ``table``."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the README has no results block ({BEGIN} ... {END})")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def spread(values: list[float]) -> str:
+    """``min-max (median m)`` of ratios, or ``-`` for none."""
+    if not values:
+        return "-"
+    values = sorted(values)
+    return f"{values[0]:.2f}-{values[-1]:.2f}x (median {statistics.median(values):.2f}x)"
+
+
+def findings(cells: list[dict]) -> str:
+    """What the cells say, computed from them (never hand-written): ``toolspec`` over vLLM plain, over llama.cpp and
+    over vLLM's own speculation; the sidecar's verdicts and the waves its real deployments sent; its EMULATED own
+    device and the oracle ceiling over ``toolspec``; exactness over every drafted answer."""
+    def per(cell, name):
+        return cell["methods"].get(name, {}).get("mean_s")
+
+    def over(cells_, num, den):    # den's speed over num's: num mean s / den mean s, where both ran
+        return [per(c, num) / per(c, den) for c in cells_ if per(c, num) and per(c, den)]
+
+    def name(c):
+        w = weights(c["env"])
+        return (f"{Path(c['target']).name} x {c['dataset']} ({'warm' if c['env'].get('warm_tools') else 'cold'}"
+                + ("" if w == "bf16" else f", {w}") + ")")
+
+    vs_plain = over(cells, VLLM_REFERENCE, TOOLSPEC)
+    lines = [f"- `toolspec` x vLLM plain: {spread(vs_plain)} over {len(cells)} cells; slower than plain in "
+             + f"{sum(r < 1 for r in vs_plain)}."]
+    llama = [(c, r) for c in cells for r in over([c], LLAMACPP_REFERENCE, TOOLSPEC)]
+    behind = [name(c) for c, r in llama if r < 1]
+    lines.append(f"- `toolspec` x llama.cpp greedy: {spread([r for _, r in llama])}; behind it in {len(behind)} of "
+                 f"{len(llama)}" + (f": {', '.join(behind)}." if behind else "."))
+    own = [(c, min(per(c, m) for m in VLLM_OWN if per(c, m))) for c in cells if any(per(c, m) for m in VLLM_OWN)]
+    faster = [c for c, best in own if per(c, TOOLSPEC) and per(c, TOOLSPEC) < best]
+    lines.append(f"- `toolspec` faster than vLLM's own best speculation (`ngram` / `suffix`) in {len(faster)} of "
+                 f"{len(own)} cells.")
+    verdicts: dict[str, list[str]] = {}
+    for c in cells:
+        verdicts.setdefault(verdict(c["methods"]), []).append(name(c))
+    counted = [c["methods"][m] for c in cells for m in REAL_SIDECAR if waves_sent(c["methods"].get(m, {})) is not None]
+    sent, timed = sum(waves_sent(s) for s in counted), sum(s["n"] for s in counted)
+    lines.append("- the sidecar's best REAL deployment x `toolspec`: " + "; ".join(
+        f"{v} {len(names)}" + (f" ({', '.join(names)})" if v in ("sidecar pays", "sidecar loses") else "")
+        for v, names in sorted(verdicts.items())) + f" (waves sent: {sent} of {timed} timed requests, "
+        f"ratios {spread([b[0] for c in cells if (b := best_real_value(c['methods']))])}).")
+    for m in REAL_SIDECAR:    # each real deployment on its own (the column above shows the better of the two)
+        ratios = [s.get("paired_vs_toolspec") or per(c, TOOLSPEC) / s["mean_s"]
+                  for c in cells if (s := c["methods"].get(m)) and per(c, TOOLSPEC)]
+        if ratios:
+            lines.append(f"  - `{m}` x `toolspec`: {spread(ratios)} over {len(ratios)} cells"
+                         + (" (paired on one engine)" if m == "ooospec-wave-first" else " (separate engines)") + ".")
+    lines.append(f"- EMULATED own device x `toolspec`: {spread(over(cells, TOOLSPEC, EMULATED))}; oracle hints x "
+                 f"`toolspec` (the ceiling): {spread(over(cells, TOOLSPEC, ORACLE))}.")
+    parts = [[int(x) for x in agreement(c["methods"]).replace("/", " · ").split(" · ")] for c in cells]
+    bad = [name(c) for c, p in zip(cells, parts) if p[3]]
+    lines.append(f"- drafted answers vs vLLM plain: {sum(p[0] for p in parts)} of {sum(p[1] for p in parts)} "
+                 f"identical, {sum(p[2] for p in parts)} near ties, {sum(p[3] for p in parts)} defects"
+                 + (f" (in {', '.join(bad)})." if bad else "."))
+    return "\n".join(lines)
+
+
+def block(root: Path, sources=README_CELLS) -> str:
+    """The generated block: :func:`render`'s table, then :func:`findings` over the same cells."""
+    return render(root, sources) + "\n\nWhat the cells say (computed from them):\n\n" + findings(
+        load_cells(root, sources))
+
+
+def replace_block(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with the block between ``begin`` and ``end`` (default: the README's results markers) replaced by
+    ``table``."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the README has no results block ({begin} ... {end})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,9 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", type=Path, default=None, help="replace the results block of this README")
     p.add_argument("--cells", action="append", default=[], metavar="FOLDER",
                    help="render these folders' cells (*.json) instead of the README's sources")
+    p.add_argument("--all", action="store_true",
+                   help=f"the earlier sessions' cells too (as {ALL_CELLS_MD}); default: the README's sources")
     p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     args = p.parse_args(argv)
-    table = render(args.root, tuple((f, "*.json") for f in args.cells) or CELLS)
+    table = block(args.root, tuple((f, "*.json") for f in args.cells) or (CELLS if args.all else README_CELLS))
     for path, text in ((args.out, table + "\n"), (args.write, None)):
         if path is None:
             continue

@@ -23,9 +23,12 @@ from pathlib import Path
 
 import yaml
 
+from ooospec.eval.vllm.headline import replace_block
+from ooospec.eval.vllm.numerics import unresolved
 from ooospec.reporting import md_table
 
 SCRIPT = Path(__file__).with_name("transfer_cells.sh")
+REPORT_BEGIN, REPORT_END = "<!-- table: python -m ooospec.eval.vllm.matrix PARAMS --report -->", "<!-- /table -->"
 STOP = ".stop"        # a file of this name in the out folder stops the run before its next cell
 KEYS = ("targets", "benchmarks", "limit", "methods", "caches", "gate", "warmup", "out")
 
@@ -78,8 +81,9 @@ def cells_of(out: Path, target: str) -> list[Path]:
 def bound_cells(params: dict, venv: Path = Path(".venv-vllm")) -> None:
     """Each target's own near-tie bound in bf16 (``numerics_TARGET.json``, measured once on 16 requests after the
     cells' first ``limit`` of the first benchmark) and every cell of that target counted again against it: a
-    mismatch at a margin the engine's two forward shapes move by is a near tie, above it a defect -- unless a stored
-    probe (``probe_TARGET_*.json``) saw the engine alone pick the drafted token at that very position."""
+    mismatch at a margin the engine's two forward shapes move by is a near tie, above it a defect -- unless a probe
+    (``probe_TARGET_*.json``, run here for every mismatch the bound leaves open) saw the engine alone pick the
+    drafted token at that very position."""
     out = Path(params["out"])
     for target in params["targets"]:
         cells = cells_of(out, target)
@@ -90,7 +94,11 @@ def bound_cells(params: dict, venv: Path = Path(".venv-vllm")) -> None:
             subprocess.run([str(venv / "bin/python"), "-m", "ooospec.eval.vllm.numerics", "--target", target,
                             "--dataset", params["benchmarks"][0], "--skip", str(params["limit"]), "--limit", "16",
                             "--out", str(bound)], check=True)
-        probes = sorted(out.glob(f"probe_{target}_*.json"))     # tests/manual/vllm_mismatch_probe.py, stored
+        limit = json.loads(bound.read_text())["bound"]
+        if any(unresolved(json.loads(c.read_text()), limit) for c in cells):   # mismatches the bound leaves open
+            subprocess.run([str(venv / "bin/python"), "-m", "ooospec.eval.vllm.numerics", "--probe-cells",
+                            *map(str, cells), "--bound-from", str(bound)], check=True)
+        probes = sorted(out.glob(f"probe_{target}_*.json"))     # numerics.probe's results, stored
         subprocess.run([sys.executable, "-m", "ooospec.eval.vllm.numerics", "--reclassify", *map(str, cells),
                         "--bound-from", str(bound), *(["--probe", *map(str, probes)] if probes else [])],
                        check=True)
@@ -111,11 +119,11 @@ def failures(out: Path) -> list[list[str]]:
 def write_report(out: Path, report_to: str = "wandb") -> str:
     """``out/table.md`` (the headline's columns, then the cells that failed), ``out/speedup.png`` and, unless
     ``report_to`` is ``none``, a W&B run logging every cell, the table and the plot. Returns the table."""
-    from ooospec.eval.vllm.headline import load_cells, render
+    from ooospec.eval.vllm.headline import block, load_cells
     from ooospec.eval.vllm.matrix_plot import plot_cells
 
     cells = load_cells(Path("."), ((str(out), "*.json"),))
-    text = render(Path("."), ((str(out), "*.json"),)) if cells else "No finished cells yet."
+    text = block(Path("."), ((str(out), "*.json"),)) if cells else "No finished cells yet."
     failed = failures(out)
     if failed:
         text += "\n\nCells that did not run (the error's last line; the whole tail in CELL.error.txt):\n\n"
@@ -123,6 +131,12 @@ def write_report(out: Path, report_to: str = "wandb") -> str:
     tmp = out / "table.md.partial"
     tmp.write_text(text + "\n", encoding="utf-8")
     tmp.replace(out / "table.md")
+    readme = out / "README.md"
+    if readme.exists() and REPORT_BEGIN in readme.read_text(encoding="utf-8"):   # the folder's README shows it too
+        tmp = out / "README.md.partial"
+        tmp.write_text(replace_block(readme.read_text(encoding="utf-8"), text, REPORT_BEGIN, REPORT_END),
+                       encoding="utf-8")
+        tmp.replace(readme)
     if cells:
         plot_cells(cells, out / "speedup.png")
         if report_to == "wandb":

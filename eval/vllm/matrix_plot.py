@@ -21,7 +21,9 @@ from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_REFERENCE
 BARS = (
     (LLAMACPP_REFERENCE, "llama.cpp greedy (Q4 GGUF)", "#8c8c8c", ""),
     ("vllm-ngram", "vLLM ngram", "#9ecae1", ""),
+    ("vllm-suffix", "vLLM suffix", "#3182bd", ""),
     (TOOLSPEC, "toolspec", "#fd8d3c", ""),
+    ("ooospec", "sidecar REAL (shared, gated)", "#a50f15", ""),
     ("ooospec-wave-first", "sidecar REAL (wave-first, gated)", "#d62728", ""),
     ("ooospec-dedicated", "sidecar EMULATED (own device)", "#f4a3a3", "//"),
     ("ooospec-oracle", "oracle hints (ceiling)", "#7b3294", ""),

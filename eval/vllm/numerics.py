@@ -16,6 +16,9 @@ margins compared. The engine's near-tie bound is the largest swing seen, at leas
 of ``vllm-bench --tie-margin``). ``--reclassify`` counts a stored cell's mismatches again against that bound and
 records the bound and its source in the cell's ``env.tie_margin``; ``--probe`` adds the positions where a mismatch
 probe saw the engine, with no drafter, pick the drafted token (the engine's numerics, whatever the margin).
+``--probe-cells`` runs those probes (:func:`probe`) on every mismatch the bound leaves a defect or unknown.
+
+    .venv-vllm/bin/python -m ooospec.eval.vllm.numerics --probe-cells CELL.json ... --bound-from NUMERICS.json
 """
 
 from __future__ import annotations
@@ -80,10 +83,87 @@ def measure(llm, prompts: list[list[int]], max_tokens: int) -> list[tuple[float,
     return out
 
 
+def unresolved(cell: dict, bound: float) -> list[tuple[str, int, str]]:
+    """``(record, position, method)`` of each mismatch of ``cell`` that ``bound`` does not make a near tie: its
+    margin above the bound, or unknown (plain's margins re-run took another path before that position); one per
+    ``(record, position)``, the first method's."""
+    out, seen = [], set()
+    for row in cell["examples"]:
+        m = row.get("mismatch")
+        if m is None or m.get("kind") == "unclassified" or (m.get("margin") is not None and m["margin"] <= bound):
+            continue
+        if (row["record_id"], m["position"]) not in seen:
+            seen.add((row["record_id"], m["position"]))
+            out.append((row["record_id"], m["position"], row["method"]))
+    return out
+
+
+def probe(llm, tok, prompt: list[int], plain: list[int], other: list[int], pos: int) -> dict:
+    """Plain's choice at ``pos`` (where ``other``, a drafting method's tokens, parts from ``plain``), four ways on
+    one engine with no drafter: plain's output scored in one prefill forward, and greedy decoding resumed after
+    prefilling the prefix up to 0, 4 and 16 tokens before ``pos``. Each as ``{token text: logprob}`` of its top 2."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def top2(logprobs) -> dict:
+        return {tok.decode([k]): round(v.logprob, 4) for k, v in logprobs.items()}
+
+    out = {"position": pos, "plain_token": tok.decode([plain[pos]]), "method_token": tok.decode([other[pos]])}
+    scored = llm.generate([TokensPrompt(prompt_token_ids=prompt + plain[:pos + 1])],
+                          SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2), use_tqdm=False)[0]
+    out["one_forward_at_pos"] = top2(scored.prompt_logprobs[len(prompt) + pos])
+    for cut in sorted({max(pos - d, 0) for d in (0, 4, 16)}, reverse=True):
+        done = llm.generate([TokensPrompt(prompt_token_ids=prompt + plain[:cut])],
+                            SamplingParams(temperature=0, max_tokens=pos - cut + 1, logprobs=2), use_tqdm=False)[0]
+        out[f"prefill_to_{cut}_then_decode"] = top2(done.outputs[0].logprobs[-1])
+    return out
+
+
+def run_probes(cells: list[Path], bound: float, threads: int = 2) -> list[Path]:
+    """Probe (:func:`probe`) every :func:`unresolved` mismatch of ``cells`` (one vLLM engine per target) that has no
+    stored probe yet; each result is written beside its cell as ``probe_TARGET_RECORD_POSITION.json``. Returns the
+    files written."""
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    from ooospec.eval.bench.data import load_examples, prompt_ids_of
+    from ooospec.runtime.backends.hardware import vllm_cpu_env
+    from ooospec.runtime.backends.quantize import target_folder
+    from ooospec.runtime.formats import detect_format
+    from ooospec.runtime.paths import resolve_benchmark
+
+    vllm_cpu_env(threads, kvcache_gb=2, multiprocessing=False)
+    todo: dict[str, list[tuple[Path, dict, str, int, str]]] = {}
+    for path in cells:
+        cell = json.loads(path.read_text())
+        for rid, pos, method in unresolved(cell, bound):
+            out = path.with_name(f"probe_{Path(cell['target']).name}_{rid.rsplit('/', 1)[-1]}_{pos}.json")
+            if not out.exists():
+                todo.setdefault(cell["target"], []).append((out, cell, rid, pos, method))
+    written = []
+    for target, items in todo.items():
+        model = str(target_folder(target, (items[0][1]["env"].get("quantization") or {}).get("scheme")))
+        tok = AutoTokenizer.from_pretrained(model)
+        fmt = detect_format(tok)
+        llm = LLM(model=model, tokenizer=model, dtype=items[0][1]["env"]["dtype"], max_model_len=4096,
+                  enable_prefix_caching=False, max_num_seqs=1, seed=0)
+        for out, cell, rid, pos, method in items:
+            rows = {(e["method"], e["record_id"]): e for e in cell["examples"]}
+            record = next(r for r in load_examples(resolve_benchmark(cell["dataset"], None)) if r["id"] == rid)
+            result = probe(llm, tok, prompt_ids_of(record, tok, fmt), rows[("vllm", rid)]["tokens"],
+                           rows[(method, rid)]["tokens"], pos)
+            out.write_text(json.dumps({"record": rid, "method": method, "result": result}, indent=1,
+                                      ensure_ascii=False))
+            print(f"{out}: {'engine flip' if engine_flip(json.loads(out.read_text())) else 'no flip'}")
+            written.append(out)
+        del llm
+    return written
+
+
 def engine_flip(probe: dict) -> tuple[str, int] | None:
-    """``(record, position)`` when a mismatch probe (``tests/manual/vllm_mismatch_probe.py``'s result, as stored:
-    ``{"record": ..., "result": {...}}``) shows the engine with no drafter picking the drafting method's token at
-    that position in one of its batchings -- the engine's shape numerics chose, not the drafter; None otherwise."""
+    """``(record, position)`` when a mismatch probe (:func:`probe`'s result, as stored: ``{"record": ...,
+    "result": {...}}``) shows the engine with no drafter picking the drafting method's token at that position in
+    one of its batchings -- the engine's shape numerics chose, not the drafter; None otherwise."""
     r = probe["result"]
     picks = [max(v, key=v.get) for k, v in r.items() if isinstance(v, dict) and v]
     return (probe["record"], r["position"]) if r["method_token"] in picks else None
@@ -161,9 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reclassify", type=Path, nargs="*", default=[], help="vllm-bench cell JSONs to count again")
     p.add_argument("--bound-from", type=Path, help="the numerics JSON whose bound --reclassify applies")
     p.add_argument("--probe", type=Path, nargs="*", default=[],
-                   help="mismatch probes (tests/manual/vllm_mismatch_probe.py, stored as JSON): where one shows the "
-                        "engine alone picking the drafted token, that mismatch is a near tie")
+                   help="stored mismatch probes (probe_*.json): where one shows the engine alone picking the drafted "
+                        "token, that mismatch is a near tie")
+    p.add_argument("--probe-cells", type=Path, nargs="*", default=[],
+                   help="(needs vLLM) probe every mismatch of these cells that --bound-from's bound leaves a defect "
+                        "or unknown, writing probe_*.json beside each cell")
     args = p.parse_args(argv)
+    if args.probe_cells:
+        if args.bound_from is None:
+            p.error("--probe-cells needs --bound-from NUMERICS.json")
+        run_probes(args.probe_cells, json.loads(args.bound_from.read_text())["bound"], args.threads)
+        return 0
     if args.reclassify:
         if args.bound_from is None:
             p.error("--reclassify needs --bound-from NUMERICS.json")

@@ -198,6 +198,9 @@ def wave_notes(methods: dict) -> list[str]:
         if "waves_sent" in s:
             out.append(f"\n\n`{name}`: waves sent {s['waves_sent']}/{s['n']}, mean {s['wave_mean_s']:.3f} s each "
                        "(inside the request's time)")
+        if "sidecar_waves" in s:
+            out.append(f"\n\n`{name}`: the proposer's gate sent waves on {s['sidecar_waves']}/{s['n']} requests "
+                       "(the sidecar server's count)")
         if "hint_only_per_token" in s:
             line = (f"\n\n`{name}`, requests with a wave: accepted tokens a hint covered "
                     f"{s['hint_accepted_per_token']:.3f} per call token, only the hints had "

@@ -239,6 +239,7 @@ class MethodRun:
         self.sidecar = engine_kwargs(args, method).get("additional_config", {}).get("ooospec", {}).get("sidecar_url")
         self.blocks = getattr(args, "blocks", None)
         self.paired = self.wave_first is not None and bool(getattr(args, "paired", False))
+        self.requests_before: int | None = None
 
     def warm_up(self, llm, record: dict, ids: list[int]) -> None:
         """The engine's untimed first request (16 tokens of the first record; no wave), then ``--gate-warmup``."""
@@ -267,6 +268,7 @@ class MethodRun:
             wait_idle(self.sidecar)
             if not self.blocks:    # a cold toolbox: the sidecar holds no earlier block either
                 reset_prefix_cache(self.sidecar)
+            self.requests_before = sidecar_requests(self.sidecar)
         if self.wave_first is not None:
             self.wave_first.prepare(record)
 
@@ -291,6 +293,13 @@ class MethodRun:
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
         wall = time.perf_counter() - t
         row = self.row(record, ids, out, wall, before, counters(llm))
+        if self.sidecar:    # the proposer's own waves (the shared deployment): how many reached the server
+            from ooospec.runtime.sidecar.process import wait_idle
+
+            wait_idle(self.sidecar)
+            after = sidecar_requests(self.sidecar)
+            if after is not None and self.requests_before is not None:
+                row["sidecar_requests"] = after - self.requests_before
         if wave is not None:
             row["wave"] = wave
             self.wave_first.observe(wall - wave["wave_s"], row["new_tokens"], row["forwards"],
@@ -320,9 +329,20 @@ class MethodRun:
                 "accepted": accepted, "forwards": max(len(tokens) - accepted, 1), "load_s": self.load_s}
 
 
-def run_margins(args, prompts: list[list[int]], params: dict) -> list[list[float | None]]:
-    """``--classify``: vLLM plain's top-2 logprob margin at every output position of each prompt (what the near-tie
-    classification reads), on a fresh plain engine of the run's settings, untimed greedy requests one at a time."""
+def sidecar_requests(url: str) -> int | None:
+    """The wave requests the sidecar server at ``url`` has taken since it started (``/health``'s ``requests``);
+    None from a server that does not count them."""
+    from ooospec.runtime.sidecar.process import health
+
+    value = (health(url) or {}).get("requests")
+    return value if isinstance(value, int) else None
+
+
+def run_margins(args, prompts: list[list[int]], params: dict, outputs: list[list[int]]) -> list[list[float | None]]:
+    """``--classify``: vLLM plain's top-2 logprob margin at each output position of each prompt (what the near-tie
+    classification reads), on a fresh plain engine of the run's settings, untimed greedy requests one at a time.
+    Each list stops at the first position where this re-run parts from the timed run's tokens (``outputs``): beyond
+    it the margins would be another continuation's."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -330,9 +350,11 @@ def run_margins(args, prompts: list[list[int]], params: dict) -> list[list[float
     try:
         margins_for = SamplingParams(**params, logprobs=2)
         out = []
-        for ids in prompts:
+        for ids, output in zip(prompts, outputs):
             lp = llm.generate([TokensPrompt(prompt_token_ids=ids)], margins_for, use_tqdm=False)[0].outputs[0]
-            out.append([margin_at(lp.logprobs, i) for i in range(len(lp.token_ids))])
+            margins = [margin_at(lp.logprobs, i) for i in range(len(lp.token_ids))]
+            parted = first_divergence(lp.token_ids, output)
+            out.append(margins if parted is None else margins[:parted + 1])
     finally:
         del llm
         gc.collect()

@@ -302,12 +302,13 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
     """The FastAPI app serving ``sidecar`` (any object with ``model``, ``tokenizer``, ``eos_token_ids``)."""
     app = FastAPI(title="ooo-spec sidecar", docs_url=None, redoc_url=None)
     worker = anyio.CapacityLimiter(1)        # one wave at a time: the model and tokenizer are not shared
-    state = {"waiting": 0, "running": 0}
+    state = {"waiting": 0, "running": 0, "requests": 0}     # requests: every valid wave request since start
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "layout_version": getattr(sidecar, "layout", None),
                 "running": state["running"], "waiting": state["waiting"], "cancelled": state.get("cancelled", 0),
+                "requests": state["requests"],
                 "threads": sidecar.threads,
                 "cpus": sorted(os.sched_getaffinity(0)), "engine": sidecar.engine, "dtype": sidecar.weights,
                 "prefix_cache": sidecar.cache_info(),
@@ -329,6 +330,7 @@ def create_app(sidecar: Sidecar, *, model_name: str = MODEL_NAME, limits: Limits
         req = await read_request(request, CompletionRequest, limits,
                                  max_items={"prompt": limits.max_prompts, "stop": limits.max_stops})
         prompts, stops = check_request(req, model_name, limits)
+        state["requests"] += 1
 
         async def wave(stop) -> tuple[dict, float]:
             async with admitted(state, worker, limits):

@@ -25,8 +25,15 @@ def cell(methods: dict, **env) -> dict:
 def test_the_readme_block_is_the_generated_table():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text.split(headline.BEGIN, 1)[1].split(headline.END, 1)[0].strip("\n")
-    assert block == headline.render(ROOT), "stale: python -m ooospec.eval.vllm.headline --write README.md"
+    assert block == headline.block(ROOT), "stale: python -m ooospec.eval.vllm.headline --write README.md"
     assert len(block.splitlines()) < 60
+
+
+def test_the_transfer_reports_cells_are_every_session_s_generated_table():
+    text = (ROOT / headline.ALL_CELLS_MD).read_text(encoding="utf-8")
+    assert text == headline.block(ROOT, headline.CELLS) + "\n", \
+        f"stale: python -m ooospec.eval.vllm.headline --all --out {headline.ALL_CELLS_MD}"
+    assert len(headline.load_cells(ROOT, headline.CELLS)) > len(headline.load_cells(ROOT))
 
 
 def test_a_row_holds_the_ratios_of_its_cell():
@@ -48,6 +55,12 @@ def test_the_best_real_deployment_prefers_the_paired_ratio():
     # the gate sent no wave: both arms drafted as toolspec, so a 1.10x paired ratio is noise, not a sidecar that pays
     idle = {"toolspec": summary(2.5), "ooospec-wave-first": summary(2.9, paired_vs_toolspec=1.10, waves_sent=0)}
     assert headline.best_real(idle) == "1.10x wave-first (0 waves)" and headline.verdict(idle) == "even (no wave)"
+    # neither gate sent a wave: the paired ratio is shown, not the larger unpaired noise of the shared engine
+    both = {**idle, "ooospec": summary(2.0, sidecar_waves=0)}
+    assert headline.best_real(both) == "1.10x wave-first (0 waves)"
+    # a deployment that sent waves comes first, even below a no-wave one's ratio
+    sent = {**both, "ooospec": summary(2.6, sidecar_waves=3)}
+    assert headline.best_real(sent) == "0.96x shared" and headline.verdict(sent) == "even"
 
 
 def test_quantized_weights_are_named_by_their_scheme():
@@ -56,8 +69,8 @@ def test_quantized_weights_are_named_by_their_scheme():
 
 
 def test_write_replaces_only_the_block(tmp_path, monkeypatch):
-    (tmp_path / "eval/reports/vllm").mkdir(parents=True)
-    (tmp_path / "eval/reports/vllm/qwen2.5-coder-1.5b_apibank-l1.json").write_text(
+    (tmp_path / "eval/reports/transfer/vllm-full").mkdir(parents=True)       # a folder of the README's cells
+    (tmp_path / "eval/reports/transfer/vllm-full/qwen2.5-coder-1.5b_apibank-l1_cold.json").write_text(
         json.dumps(cell({"vllm": summary(6.0), "toolspec": summary(2.0)})))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{headline.BEGIN}\nOLD-BLOCK\n{headline.END}\n\nafter\n")
@@ -65,6 +78,7 @@ def test_write_replaces_only_the_block(tmp_path, monkeypatch):
     text = readme.read_text()
     assert "OLD-BLOCK" not in text and text.endswith("after\n")
     assert "| epyc-avx512bf16, 2 threads | bf16 | cold |" in text
+    assert "- `toolspec` x vLLM plain: 3.00-3.00x (median 3.00x) over 1 cells" in text      # the findings follow
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="no results block"):
         headline.main(["--root", str(tmp_path), "--write", str(readme)])

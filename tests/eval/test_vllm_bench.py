@@ -184,8 +184,11 @@ def test_plain_margins_run_only_on_the_requests_a_method_parted_from_and_are_kep
     assert vb.unclassified(rows) == [1]       # a matched; c has margins already; prefill rows are no answers
     calls = []
 
+    seen_reference = []
+
     def worker(args, method, records, prompts, params, reference):
         calls.append((method, prompts))
+        seen_reference.append(reference)
         return [[4.0, 0.1, 3.0] for _ in prompts]
 
     monkeypatch.setattr(vb, "run_worker", worker)
@@ -193,6 +196,7 @@ def test_plain_margins_run_only_on_the_requests_a_method_parted_from_and_are_kep
     saved.mkdir()
     vb.add_missing_margins(argparse.Namespace(), rows, [[7], [8], [9]], {}, saved)
     assert calls == [(vb.MARGINS_JOB, [[8]])]
+    assert seen_reference == [{"1": {"tokens": [1, 2, 3]}}]     # the re-run is checked against plain's tokens
     assert rows["vllm"][1]["margins"] == [4.0, 0.1, 3.0] and "margins" not in rows["vllm"][0]
     assert json.loads((saved / "vllm.json").read_text())[1]["margins"] == [4.0, 0.1, 3.0]
     vb.compare(rows["toolspec"], {r["record_id"]: r for r in rows["vllm"]}, 0.25)
@@ -665,3 +669,52 @@ def test_hint_worth_counts_per_call_token_and_prices_a_hint_only_token_by_the_pa
     (tmp_path / "t_d_warm.json").write_text(json.dumps(cell))
     text = vllm_report.render(tmp_path)
     assert "only the hints had 0.100" in text and "0.40 per hint-only token" in text
+
+
+def test_the_shared_deployment_counts_the_waves_its_gate_sent_from_the_sidecar_server(monkeypatch, fake_vllm):
+    """``ooospec`` sends its waves from inside vLLM's proposer: each row holds how many wave requests reached the
+    sidecar server during it (its ``/health`` count), the summary the requests with one; an old server without the
+    count leaves the rows without it."""
+    from ooospec.eval.vllm import headline
+    from ooospec.runtime.sidecar import process
+
+    counts = iter([0, 2, 2, 2, 2, 2])     # before / after each request: a function-first wave (2), then none, none
+    monkeypatch.setattr(process, "health", lambda url, timeout=1.0: {"requests": next(counts)})
+    monkeypatch.setattr(process, "wait_idle", lambda url, **kw: 0.0)
+    monkeypatch.setattr(process, "reset_prefix_cache", lambda url, **kw: True)
+    records = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hi"}], "tools": []} for i in range(3)]
+    prompts = [list(range(10 + i)) for i in range(3)]
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url="http://127.0.0.1:9", warm_tools=True,
+                              blocks=[4, 4, 4], paired=False, classify=False)
+    rows = vllm_runs.run_method(args, "ooospec", records, prompts, {"max_tokens": 8}, {})
+    assert [r["sidecar_requests"] for r in rows] == [2, 0, 0]
+    s = vb.summarize(rows, None)
+    assert s["sidecar_waves"] == 1 and "waves_sent" not in s
+    assert "sent waves on 1/3 requests" in "".join(vllm_report.wave_notes({"ooospec": s}))
+    assert not headline.no_wave({"ooospec": s}, "ooospec")
+    assert headline.no_wave({"ooospec": {**s, "sidecar_waves": 0}}, "ooospec")
+    monkeypatch.setattr(process, "health", lambda url, timeout=1.0: {})
+    assert all("sidecar_requests" not in r for r in vllm_runs.run_method(args, "ooospec", records, prompts,
+                                                                        {"max_tokens": 8}, {}))
+
+
+def test_plain_margins_stop_where_the_re_run_parts_from_the_timed_tokens(monkeypatch, fake_vllm):
+    """A bf16 re-run can take another path than the timed run: margins past that point are another continuation's,
+    so the list ends at the first differing position (its margin kept: the tie itself)."""
+    import sys
+    from types import SimpleNamespace
+
+    def lp(a, b):
+        return {1: SimpleNamespace(logprob=a), 2: SimpleNamespace(logprob=b)}
+
+    class MarginLLM(_FakeLLM):
+        def generate(self, prompts, sp, use_tqdm=False):
+            out = SimpleNamespace(token_ids=[5, 6, 9, 9], logprobs=[lp(0, -1), lp(0, -2), lp(0, -0.1), lp(0, -3)])
+            return [SimpleNamespace(outputs=[out])]
+
+    monkeypatch.setattr(sys.modules["vllm"], "LLM", MarginLLM)
+    args = argparse.Namespace(model_dir="m", dtype="bfloat16", max_model_len=4096, k=16, ngram_k=8,
+                              chain_cost_slope=0.02, sidecar_url=None, warm_tools=False)
+    got = vllm_runs.run_margins(args, [[1, 2], [3]], {"max_tokens": 8}, [[5, 6, 7, 8], [5, 6, 9, 9]])
+    assert got == [[1.0, 2.0, 0.1], [1.0, 2.0, 0.1, 3.0]]

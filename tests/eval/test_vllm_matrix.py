@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ooospec.eval.vllm import matrix
+from ooospec.eval.vllm import headline, matrix
 from ooospec.eval.vllm.matrix_plot import speedups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,8 +64,11 @@ def test_the_report_lists_finished_cells_and_the_failed_ones_with_their_error(tm
         "ValueError: Model architectures ['Gemma3ForCausalLM'] are not supported\n\n")
     # a cell that failed once and then finished is not listed as failed
     (out / "smollm2-135m_bfcl-simple-python_warm.error.txt").write_text("# smollm2 failed\nRuntimeError: x\n")
+    (out / "README.md").write_text(f"# cells\n\n{matrix.REPORT_BEGIN}\nold\n{matrix.REPORT_END}\n\nafter\n")
     text = matrix.write_report(out, report_to="none")
     assert (out / "table.md").read_text(encoding="utf-8") == text + "\n"
+    block = f"{matrix.REPORT_BEGIN}\n{text}\n{matrix.REPORT_END}"
+    assert (out / "README.md").read_text() == f"# cells\n\n{block}\n\nafter\n"
     assert "| smollm2-135m | bfcl-simple-python | 3 | 1.00 | 2.00x | 1.60x |" in text
     assert "| gemma-3-270m x bfcl-simple-python (warm) | ValueError: Model architectures" in text
     assert "smollm2 failed" not in text
@@ -77,20 +80,62 @@ def test_speedups_are_over_vllm_plain_on_the_same_cell():
     assert values == {"llama.cpp": 2.0, "toolspec": 4.0, "ooospec-dedicated": 5.0}
 
 
-def test_cells_are_counted_against_their_targets_own_bound(tmp_path):
+def _mismatch_cell(target: str) -> dict:
+    """A cell of two requests: toolspec parts from plain on both, at a margin of 0.5 and at one plain's margins
+    re-run could not reach (None)."""
+    c = cell(target, True, vllm=1.0, toolspec=0.5)
+    c["methods"]["toolspec"].update(exact_rate=0.0, near_ties=0, defects=2)
+    c["examples"] = [{"method": "vllm", "record_id": r, "tokens": [1, 2, 3]} for r in ("a", "b")] + [
+        {"method": "toolspec", "record_id": "a", "tokens": [1, 9], "exact": False,
+         "mismatch": {"position": 1, "margin": 0.5, "kind": "defect"}},
+        {"method": "toolspec", "record_id": "b", "tokens": [1, 2, 9], "exact": False,
+         "mismatch": {"position": 2, "margin": None, "kind": "defect"}}]
+    return c
+
+
+def test_cells_are_counted_against_their_targets_own_bound_and_open_mismatches_probed(tmp_path, monkeypatch):
     out = tmp_path / "cells"
     out.mkdir()
-    src = ROOT / "eval/reports/transfer/vllm-full/smollm2-135m_bfcl-simple-python_warm.json"
-    (out / src.name).write_text(src.read_text(encoding="utf-8"))
+    path = out / "smollm2-135m_bfcl-simple-python_warm.json"
+    path.write_text(json.dumps(_mismatch_cell("smollm2-135m")))
     (out / "smollm2-135m_bfcl-simple-python_warm.llamacpp.json").write_text("{}")    # not a cell: left alone
     (out / "numerics_smollm2-135m.json").write_text(json.dumps({"bound": 1.0}))      # measured: not again
+    (out / "probe_smollm2-135m_b_2.json").write_text(json.dumps(                     # what the probe found
+        {"record": "b", "result": {"position": 2, "method_token": "x", "one_forward_at_pos": {"x": -0.1, "y": -2}}}))
     params = {"out": str(out), "targets": ["smollm2-135m", "gemma-3-270m"], "benchmarks": ["bfcl-simple-python"],
               "limit": 30}
-    assert matrix.cells_of(out, "smollm2-135m") == [out / src.name]
+    assert matrix.cells_of(out, "smollm2-135m") == [path]
+    real_run, probed = matrix.subprocess.run, []
+
+    def run(cmd, **kw):      # the probe needs vLLM: recorded here; the reclassification runs for real
+        if "--probe-cells" in cmd:
+            probed.append(cmd)
+            return None
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(matrix.subprocess, "run", run)
     matrix.bound_cells(params, venv=tmp_path / "no-venv")    # gemma has no cells: nothing measured, nothing run
-    cell = json.loads((out / src.name).read_text())
-    assert cell["env"]["tie_margin"]["value"] == 1.0
-    assert all(s.get("defects", 0) == 0 for s in cell["methods"].values())
+    assert len(probed) == 1 and str(path) in probed[0] and probed[0][0] == str(tmp_path / "no-venv/bin/python")
+    got = json.loads(path.read_text())
+    assert got["env"]["tie_margin"]["value"] == 1.0
+    kinds = [(r["record_id"], r["mismatch"]["kind"], r["mismatch"].get("by"))
+             for r in got["examples"] if "mismatch" in r]
+    assert kinds == [("a", "near_tie", None), ("b", "near_tie", "probe")]
+    assert got["methods"]["toolspec"]["defects"] == 0 and got["methods"]["toolspec"]["near_ties"] == 2
+
+
+def test_a_mismatch_is_open_when_its_margin_is_above_the_bound_or_unknown():
+    from ooospec.eval.vllm.numerics import engine_flip, unresolved
+
+    c = _mismatch_cell("t")
+    assert unresolved(c, 1.0) == [("b", 2, "toolspec")]
+    assert unresolved(c, 0.25) == [("a", 1, "toolspec"), ("b", 2, "toolspec")]
+    stored = {"record": "b", "result": {"position": 2, "method_token": "x", "plain_token": "3",
+                                        "one_forward_at_pos": {"3": -0.1, "x": -2.0},
+                                        "prefill_to_0_then_decode": {"x": -0.2, "3": -0.3}}}
+    assert engine_flip(stored) == ("b", 2)
+    stored["result"]["prefill_to_0_then_decode"] = {"3": -0.2, "x": -0.3}
+    assert engine_flip(stored) is None
 
 
 def test_a_finished_cell_is_kept_extended_by_the_methods_it_lacks_or_run_again(tmp_path):
@@ -99,3 +144,31 @@ def test_a_finished_cell_is_kept_extended_by_the_methods_it_lacks_or_run_again(t
     assert matrix.missing_methods(cell, "vllm,toolspec", 30) == ""
     assert matrix.missing_methods(cell, "vllm,vllm-suffix,toolspec,ooospec-oracle", 30) == "vllm-suffix,ooospec-oracle"
     assert matrix.missing_methods(cell, "vllm,toolspec", 10) == "ALL"
+
+
+def test_the_findings_are_computed_from_the_cells():
+    a = cell("qwen", True, vllm=4.0, vllm_ngram=2.5, toolspec=1.0, ooospec_wave_first=0.8, ooospec_oracle=0.5,
+             llama_cpp=2.0)
+    a["methods"]["ooospec-wave-first"]["waves_sent"] = 2
+    b = cell("smollm2", False, vllm=2.0, vllm_suffix=0.9, toolspec=1.0, ooospec=1.0, ooospec_dedicated=0.8,
+             llama_cpp=0.8)
+    b["methods"]["ooospec"].update(exact_rate=2 / 3, near_ties=1)
+    b["methods"]["ooospec"]["waves_sent"] = 0
+    text = headline.findings([a, b])
+    assert "`toolspec` x vLLM plain: 2.00-4.00x (median 3.00x) over 2 cells; slower than plain in 0." in text
+    assert "behind it in 1 of 2: smollm2 x bfcl-simple-python (cold)." in text
+    assert "faster than vLLM's own best speculation (`ngram` / `suffix`) in 1 of 2 cells" in text
+    assert "even (no wave) 1; sidecar pays 1 (qwen x bfcl-simple-python (warm))" in text
+    assert "waves sent: 2 of 6 timed requests" in text
+    assert "  - `ooospec` x `toolspec`: 1.00-1.00x (median 1.00x) over 1 cells (separate engines)." in text
+    assert "  - `ooospec-wave-first` x `toolspec`: 1.25-1.25x (median 1.25x) over 1 cells (paired" in text
+    assert "EMULATED own device x `toolspec`: 1.25-1.25x" in text and "(the ceiling): 2.00-2.00x" in text
+    assert "23 of 24 identical, 1 near ties, 0 defects." in text
+
+
+def test_the_committed_matrix_readme_shows_its_generated_table():
+    out = ROOT / "eval/reports/transfer/vllm-full"
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    block = readme.split(matrix.REPORT_BEGIN, 1)[1].split(matrix.REPORT_END, 1)[0].strip("\n")
+    assert block + "\n" == (out / "table.md").read_text(encoding="utf-8"), \
+        "stale: python -m ooospec.eval.vllm.matrix eval/vllm/transfer_full.yaml --report"

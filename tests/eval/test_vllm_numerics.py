@@ -98,3 +98,50 @@ def test_a_probe_that_sees_the_engine_pick_the_drafted_token_makes_that_mismatch
     assert out["env"]["tie_margin"]["engine_flips"] == [["a", 3]]
     again = numerics.reclassify(out, 0.25, "numerics.json")   # without the probe: counted by the bound again
     assert again["examples"][0]["mismatch"] == {"position": 3, "margin": 0.5625, "kind": "defect"}
+
+
+def test_a_probe_asks_the_engine_alone_four_ways_and_its_result_reads_as_an_engine_flip(monkeypatch):
+    """:func:`numerics.probe` on a fake engine whose one-forward scoring picks the drafted token: the stored result
+    marks that mismatch an engine flip; the same engine picking plain's token everywhere marks none."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    calls = []
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    def lp(top, other):
+        return {top: SimpleNamespace(logprob=-0.1), other: SimpleNamespace(logprob=-0.4)}
+
+    class LLM:
+        def __init__(self, flip_in_prefill):
+            self.flip = flip_in_prefill
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            ids = prompts[0]["prompt_token_ids"]
+            calls.append((len(ids), sp.kw))
+            if sp.kw.get("prompt_logprobs"):      # plain's output scored in one forward
+                scored = [None] * len(ids)
+                scored[-1] = lp(9 if self.flip else 3, 3 if self.flip else 9)
+                return [SimpleNamespace(prompt_logprobs=scored)]
+            n = sp.kw["max_tokens"]
+            return [SimpleNamespace(outputs=[SimpleNamespace(logprobs=[lp(3, 9)] * n)])]
+
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = SamplingParams
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    tok = SimpleNamespace(decode=lambda ids: f"t{ids[0]}")
+    plain, other = [1, 2, 3, 4, 5, 6], [1, 2, 9]
+    result = numerics.probe(LLM(True), tok, [7, 7], plain, other, 2)
+    assert result["position"] == 2 and result["plain_token"] == "t3" and result["method_token"] == "t9"
+    assert set(result) >= {"one_forward_at_pos", "prefill_to_2_then_decode", "prefill_to_0_then_decode"}
+    assert calls[0] == (2 + 3, {"temperature": 0, "max_tokens": 1, "prompt_logprobs": 2})     # prompt + plain[:3]
+    assert numerics.engine_flip({"record": "r", "result": result}) == ("r", 2)
+    assert numerics.engine_flip({"record": "r", "result": numerics.probe(LLM(False), tok, [7, 7], plain, other, 2)}) \
+        is None

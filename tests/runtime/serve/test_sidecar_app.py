@@ -259,6 +259,15 @@ def test_health_and_models(server):
     assert get(server[0], "/v1/models")[1]["data"][0]["id"] == "sidecar"
 
 
+def test_health_counts_the_wave_requests_it_took_not_the_rejected_ones(server):
+    url = server[0]
+    before = get(url, "/health")[1]["requests"]
+    assert post(url, {"prompt": "x"})[0] == 400                      # rejected: not a wave
+    prompts = sp.build_wave(RECORDS[0]["messages"], RECORDS[0]["tools"][:1]).prompts()
+    assert post(url, {"prompt": prompts, "max_tokens": 2, "add_special_tokens": False})[0] == 200
+    assert get(url, "/health")[1]["requests"] == before + 1
+
+
 def test_the_client_speaks_to_the_server(server):
     url, model, tok = server
     rec = RECORDS[1]
