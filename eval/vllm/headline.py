@@ -190,9 +190,10 @@ def findings(cells: list[dict]) -> str:
     lines.append(f"- `toolspec` x llama.cpp greedy: {spread([r for _, r in llama])}; behind it in {len(behind)} of "
                  f"{len(llama)}" + (f": {', '.join(behind)}." if behind else "."))
     own = [(c, min(per(c, m) for m in VLLM_OWN if per(c, m))) for c in cells if any(per(c, m) for m in VLLM_OWN)]
-    faster = [c for c, best in own if per(c, TOOLSPEC) and per(c, TOOLSPEC) < best]
-    lines.append(f"- `toolspec` faster than vLLM's own best speculation (`ngram` / `suffix`) in {len(faster)} of "
-                 f"{len(own)} cells.")
+    slower = [name(c) for c, best in own if not (per(c, TOOLSPEC) and per(c, TOOLSPEC) < best)]
+    lines.append("- `toolspec` faster than vLLM's own best speculation (`ngram` / `suffix`) in "
+                 f"{len(own) - len(slower)} of {len(own)} cells"
+                 + (f"; not in {', '.join(slower)}." if slower else "."))
     verdicts: dict[str, list[str]] = {}
     for c in cells:
         verdicts.setdefault(verdict(c["methods"]), []).append(name(c))

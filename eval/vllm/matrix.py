@@ -24,8 +24,9 @@ from pathlib import Path
 import yaml
 
 from ooospec.eval.vllm.headline import replace_block
-from ooospec.eval.vllm.numerics import unresolved
+from ooospec.eval.vllm.report import unresolved
 from ooospec.reporting import md_table
+from ooospec.runtime.backends.hardware import cpu_info
 
 SCRIPT = Path(__file__).with_name("transfer_cells.sh")
 REPORT_BEGIN, REPORT_END = "<!-- table: python -m ooospec.eval.vllm.matrix PARAMS --report -->", "<!-- /table -->"
@@ -58,16 +59,22 @@ def load_params(path: Path) -> dict:
 
 def runs(params: dict) -> list[dict]:
     """The script's environments, in run order: per toolbox state, per benchmark, every target."""
-    return [{"OUT": str(params["out"]), "TARGETS": " ".join(params["targets"]), "BENCHES": bench,
+    return [{"OUT": str(params["out"]), "TARGETS": " ".join(params["targets"]), "BENCHES": bench, "FOREIGN": "stop",
              "LIMIT": str(params["limit"]), "METHODS": params["methods"], "CACHE": cache,
              "GATE": str(params["gate"]), "WARMUP": str(params["warmup"])}
             for cache in params["caches"] for bench in params["benchmarks"]]
 
 
-def missing_methods(cell: Path, methods: str, limit: int) -> str:
+def missing_methods(cell: Path, methods: str, limit: int, here: dict | None = None) -> str:
     """What ``transfer_cells.sh`` does with a finished cell: ``""`` keep it (it ran ``methods`` on ``limit``
-    requests), ``"m1,m2"`` add the methods it lacks (``vllm-bench --add``), ``"ALL"`` run it again (another limit)."""
+    requests), ``"m1,m2"`` add the methods it lacks (``vllm-bench --add``), ``"ALL"`` run it again (another limit),
+    ``"OTHER-MACHINE"`` it was measured on another CPU than ``here`` (default: this machine's
+    :func:`~ooospec.runtime.backends.hardware.cpu_info`), so neither keeping nor extending it is a measurement here."""
     data = json.loads(cell.read_text())
+    here = here or cpu_info()
+    there = data.get("env", {}).get("cpu", {})
+    if (there.get("model"), sorted(there.get("flags", []))) != (here["model"], sorted(here["flags"])):
+        return "OTHER-MACHINE"
     if data["methods"]["vllm"]["n"] != int(limit):
         return "ALL"
     return ",".join(m for m in methods.split(",") if m and m not in data["order"])

@@ -28,6 +28,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ooospec.eval.vllm.report import unresolved
+
 MIN_BOUND = 0.25
 
 
@@ -80,21 +82,6 @@ def measure(llm, prompts: list[list[int]], max_tokens: int) -> list[tuple[float,
         ids = list(p) + list(one.token_ids)
         scored = llm.generate([TokensPrompt(prompt_token_ids=ids)], score, use_tqdm=False)[0].prompt_logprobs
         out += swings(one.logprobs, scored, len(p))
-    return out
-
-
-def unresolved(cell: dict, bound: float) -> list[tuple[str, int, str]]:
-    """``(record, position, method)`` of each mismatch of ``cell`` that ``bound`` does not make a near tie: its
-    margin above the bound, or unknown (plain's margins re-run took another path before that position); one per
-    ``(record, position)``, the first method's."""
-    out, seen = [], set()
-    for row in cell["examples"]:
-        m = row.get("mismatch")
-        if m is None or m.get("kind") == "unclassified" or (m.get("margin") is not None and m["margin"] <= bound):
-            continue
-        if (row["record_id"], m["position"]) not in seen:
-            seen.add((row["record_id"], m["position"]))
-            out.append((row["record_id"], m["position"], row["method"]))
     return out
 
 

@@ -47,6 +47,21 @@ def cells(folder: Path) -> list[dict]:
     return sorted(out, key=lambda d: (d["target"], d["dataset"], bool(d["env"].get("warm_tools"))))
 
 
+def unresolved(cell: dict, bound: float) -> list[tuple[str, int, str]]:
+    """``(record, position, method)`` of each mismatch of ``cell`` that ``bound`` does not make a near tie: its
+    margin above the bound, or unknown (plain's margins re-run took another path before that position); one per
+    ``(record, position)``, the first method's."""
+    out, seen = [], set()
+    for row in cell["examples"]:
+        m = row.get("mismatch")
+        if m is None or m.get("kind") == "unclassified" or (m.get("margin") is not None and m["margin"] <= bound):
+            continue
+        if (row["record_id"], m["position"]) not in seen:
+            seen.add((row["record_id"], m["position"]))
+            out.append((row["record_id"], m["position"], row["method"]))
+    return out
+
+
 def refresh_wave_summary(cell: dict) -> None:
     """Summary figures computed from a cell's rows (so a file written before they existed shows them too): for each
     method that ran waves, the hints' worth (:func:`hint_worth`) and the gate's record (:func:`gate_record`); for

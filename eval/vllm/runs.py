@@ -23,6 +23,7 @@ from ooospec.eval.vllm.waves import WAVE_FIRST, WaveFirst, sidecar_wave
 from ooospec.runtime.backends.quantize import SCHEMES as QUANT_SCHEMES
 from ooospec.runtime.backends.quantize import quantization_of
 from ooospec.runtime.methods import OOOSPEC, ORACLE, TOOLSPEC, VLLM_REFERENCE, get_method
+from ooospec.runtime.sidecar.process import wave_requests
 from ooospec.runtime.sidecar.prompts import SERVED_NAME
 from ooospec.runtime.tokens import common_prefix_len
 from ooospec.runtime.vllm.proposer import HINT_COUNTERS
@@ -268,7 +269,7 @@ class MethodRun:
             wait_idle(self.sidecar)
             if not self.blocks:    # a cold toolbox: the sidecar holds no earlier block either
                 reset_prefix_cache(self.sidecar)
-            self.requests_before = sidecar_requests(self.sidecar)
+            self.requests_before = wave_requests(self.sidecar)
         if self.wave_first is not None:
             self.wave_first.prepare(record)
 
@@ -293,13 +294,9 @@ class MethodRun:
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
         wall = time.perf_counter() - t
         row = self.row(record, ids, out, wall, before, counters(llm))
-        if self.sidecar:    # the proposer's own waves (the shared deployment): how many reached the server
-            from ooospec.runtime.sidecar.process import wait_idle
-
-            wait_idle(self.sidecar)
-            after = sidecar_requests(self.sidecar)
-            if after is not None and self.requests_before is not None:
-                row["sidecar_requests"] = after - self.requests_before
+        if self.sidecar and self.requests_before is not None:   # the shared deployment's waves, as its server saw
+            after = wave_requests(self.sidecar, settle=True)
+            row.update({} if after is None else {"sidecar_requests": after - self.requests_before})
         if wave is not None:
             row["wave"] = wave
             self.wave_first.observe(wall - wave["wave_s"], row["new_tokens"], row["forwards"],
@@ -327,15 +324,6 @@ class MethodRun:
                 "drafts": int(after[COUNTERS[0]] - before[COUNTERS[0]]),
                 "draft_tokens": int(after[COUNTERS[1]] - before[COUNTERS[1]]),
                 "accepted": accepted, "forwards": max(len(tokens) - accepted, 1), "load_s": self.load_s}
-
-
-def sidecar_requests(url: str) -> int | None:
-    """The wave requests the sidecar server at ``url`` has taken since it started (``/health``'s ``requests``);
-    None from a server that does not count them."""
-    from ooospec.runtime.sidecar.process import health
-
-    value = (health(url) or {}).get("requests")
-    return value if isinstance(value, int) else None
 
 
 def run_margins(args, prompts: list[list[int]], params: dict, outputs: list[list[int]]) -> list[list[float | None]]:

@@ -5,10 +5,12 @@
 # `ooospec-wave-first` (gated, warmed on WARMUP requests after the timed ones, paired with `toolspec` on the same
 # engine), its EMULATED own device `ooospec-dedicated`, the hint ceiling `ooospec-oracle` -- on the same requests,
 # 2 threads, the sidecar server on the same cores; then the cells' table (eval/vllm/headline.py). Resumable: a
-# finished cell of these methods (or more) and this limit is kept, one that lacks some of them gets only those added
+# finished cell of these methods (or more), this limit and this CPU is kept (one of another CPU is run again, or with
+# FOREIGN=stop, as the matrix sets, stops the run), one that lacks some of the methods gets only those added
 # (`vllm-bench --add`, compared with its own vLLM plain rows); a cell that fails leaves CELL.error.txt (its last log
-# lines) and the others go on; a file OUT/.stop stops the run before its next cell (the cell running finishes). Without .venv-vllm the stage writes a table that says so and the transformers
-# transfer stage (`transfer`) is the fallback.
+# lines) and the others go on; a file OUT/.stop stops the run before its next cell (the cell running finishes).
+# Without .venv-vllm the stage writes a table that says so and the transformers transfer stage (`transfer`) is the
+# fallback.
 #   OUT=eval/reports/transfer/vllm TARGETS=... BENCHES=... LIMIT=10 METHODS=... CACHE=warm bash eval/vllm/transfer_cells.sh
 # (ADAPTER: the sidecar; BENCH_DIR: the benchmarks' folder; SCRIPTS: where llamacpp_cell.sh / sidecar_server.sh are)
 set -euo pipefail
@@ -78,8 +80,13 @@ for t in $TARGETS; do
 from ooospec.eval.vllm.matrix import missing_methods
 print(missing_methods(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])))' "$cell.json" "$METHODS" "$LIMIT")
       [ -z "$MISSING" ] && continue
-      if [ "$MISSING" = ALL ]; then
-        echo "transfer_vllm: $cell.json ran another limit; running it again" >&2
+      if [ "$MISSING" = OTHER-MACHINE ] && [ "${FOREIGN:-rerun}" = stop ]; then
+        echo "transfer_vllm: $cell.json was measured on another CPU; a matrix holds one machine's cells: give it" \
+          "another out folder (or move those cells) to run it here" >&2
+        exit 1
+      fi
+      if [ "$MISSING" = ALL ] || [ "$MISSING" = OTHER-MACHINE ]; then
+        echo "transfer_vllm: $cell.json ran another limit or on another CPU; running it again here" >&2
         rm -f "$cell.json" "$cell.llamacpp.json"
         MISSING=
       else

@@ -194,6 +194,15 @@ def reset_prefix_cache(url: str, timeout: float = 60.0) -> bool:
         conn.close()
 
 
+def wave_requests(url: str, settle: bool = False) -> int | None:
+    """The wave requests the sidecar server at ``url`` has taken since it started (``/health``'s ``requests``), after
+    its running wave when ``settle``; None from a server that does not count them (or does not answer)."""
+    if settle:
+        wait_idle(url)
+    value = (health(url) or {}).get("requests")
+    return value if isinstance(value, int) else None
+
+
 def wait_idle(url: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> float:
     """Block until the sidecar server at ``url`` runs and queues nothing; returns the seconds waited.
 

@@ -36,6 +36,7 @@ def test_the_shipped_full_matrix_is_three_families_thirty_requests_warm_and_cold
     # every family reaches a benchmark before the next benchmark starts; warm before cold
     assert order[0]["BENCHES"] == params["benchmarks"][0] and order[0]["TARGETS"].split() == params["targets"]
     assert [r["CACHE"] for r in order] == ["warm"] * len(params["benchmarks"]) + ["cold"] * len(params["benchmarks"])
+    assert all(r["FOREIGN"] == "stop" for r in order)     # a matrix holds one machine's cells
 
 
 def test_a_bad_params_file_names_the_key(tmp_path):
@@ -125,7 +126,8 @@ def test_cells_are_counted_against_their_targets_own_bound_and_open_mismatches_p
 
 
 def test_a_mismatch_is_open_when_its_margin_is_above_the_bound_or_unknown():
-    from ooospec.eval.vllm.numerics import engine_flip, unresolved
+    from ooospec.eval.vllm.numerics import engine_flip
+    from ooospec.eval.vllm.report import unresolved
 
     c = _mismatch_cell("t")
     assert unresolved(c, 1.0) == [("b", 2, "toolspec")]
@@ -139,11 +141,22 @@ def test_a_mismatch_is_open_when_its_margin_is_above_the_bound_or_unknown():
 
 
 def test_a_finished_cell_is_kept_extended_by_the_methods_it_lacks_or_run_again(tmp_path):
+    from ooospec.runtime.backends.hardware import cpu_info
+
     cell = tmp_path / "t_b_warm.json"
-    cell.write_text(json.dumps({"order": ["vllm", "toolspec"], "methods": {"vllm": {"n": 30}}}))
-    assert matrix.missing_methods(cell, "vllm,toolspec", 30) == ""
-    assert matrix.missing_methods(cell, "vllm,vllm-suffix,toolspec,ooospec-oracle", 30) == "vllm-suffix,ooospec-oracle"
-    assert matrix.missing_methods(cell, "vllm,toolspec", 10) == "ALL"
+    here = {"model": "Intel(R) Xeon(R) Processor", "flags": ["avx2", "amx_bf16"]}
+    cell.write_text(json.dumps({"order": ["vllm", "toolspec"], "methods": {"vllm": {"n": 30}},
+                                "env": {"cpu": {"model": here["model"], "flags": ["amx_bf16", "avx2"]}}}))
+    assert matrix.missing_methods(cell, "vllm,toolspec", 30, here) == ""
+    assert matrix.missing_methods(cell, "vllm,vllm-suffix,toolspec,ooospec-oracle", 30, here) == \
+        "vllm-suffix,ooospec-oracle"
+    assert matrix.missing_methods(cell, "vllm,toolspec", 10, here) == "ALL"
+    # measured on another CPU: not a measurement here (the stage runs it again, the matrix stops)
+    assert matrix.missing_methods(cell, "vllm,toolspec", 30, {**here, "flags": ["avx2"]}) == "OTHER-MACHINE"
+    assert matrix.missing_methods(cell, "vllm,toolspec", 30, {**here, "model": "AMD EPYC 9R14"}) == "OTHER-MACHINE"
+    assert matrix.missing_methods(cell, "vllm,toolspec", 30) == ("" if cpu_info()["model"] == here["model"] and
+                                                                  set(cpu_info()["flags"]) == set(here["flags"])
+                                                                  else "OTHER-MACHINE")
 
 
 def test_the_findings_are_computed_from_the_cells():
@@ -157,7 +170,8 @@ def test_the_findings_are_computed_from_the_cells():
     text = headline.findings([a, b])
     assert "`toolspec` x vLLM plain: 2.00-4.00x (median 3.00x) over 2 cells; slower than plain in 0." in text
     assert "behind it in 1 of 2: smollm2 x bfcl-simple-python (cold)." in text
-    assert "faster than vLLM's own best speculation (`ngram` / `suffix`) in 1 of 2 cells" in text
+    assert ("faster than vLLM's own best speculation (`ngram` / `suffix`) in 1 of 2 cells; not in "
+            "smollm2 x bfcl-simple-python (cold).") in text
     assert "even (no wave) 1; sidecar pays 1 (qwen x bfcl-simple-python (warm))" in text
     assert "waves sent: 2 of 6 timed requests" in text
     assert "  - `ooospec` x `toolspec`: 1.00-1.00x (median 1.00x) over 1 cells (separate engines)." in text

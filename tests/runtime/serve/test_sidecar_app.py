@@ -262,7 +262,7 @@ def test_health_and_models(server):
 def test_health_counts_the_wave_requests_it_took_not_the_rejected_ones(server):
     url = server[0]
     before = get(url, "/health")[1]["requests"]
-    assert post(url, {"prompt": "x"})[0] == 400                      # rejected: not a wave
+    assert post(url, {"prompt": "x\ny", "temperature": 0.7})[0] == 400   # rejected: not a wave
     prompts = sp.build_wave(RECORDS[0]["messages"], RECORDS[0]["tools"][:1]).prompts()
     assert post(url, {"prompt": prompts, "max_tokens": 2, "add_special_tokens": False})[0] == 200
     assert get(url, "/health")[1]["requests"] == before + 1
