@@ -63,7 +63,7 @@ def load_cells(root: Path, sources=README_CELLS) -> list[dict]:
                 continue
             data = json.loads(path.read_text(encoding="utf-8"))
             if "methods" in data and "order" in data:
-                found.append(data)
+                found.append({**data, "source": folder})
         out += sorted(found, key=lambda d: (Path(d["target"]).name, d["dataset"]))
     return out
 
@@ -121,9 +121,10 @@ def verdict(methods: dict) -> str:
     return "sidecar pays" if best[0] >= PAYS else "sidecar loses" if best[0] <= LOSES else "even"
 
 
-def agreement(methods: dict) -> str:
-    """``identical/answers · near ties · defects`` over every drafted method of the cell, against vLLM plain."""
-    drafted = [s for name, s in methods.items() if name not in NOT_DRAFTED]
+def agreement(methods: dict, own: bool = False) -> str:
+    """``identical/answers · near ties · defects`` over ooo-spec's drafted methods of the cell (``own``: vLLM's own
+    speculation instead), against vLLM plain."""
+    drafted = [s for name, s in methods.items() if name not in NOT_DRAFTED and (name in VLLM_OWN) == own]
     n = sum(s["n"] for s in drafted)
     identical = sum(round(s["exact_rate"] * s["n"]) for s in drafted)
     return f"{identical}/{n} · {sum(s['near_ties'] for s in drafted)} · {sum(s['defects'] for s in drafted)}"
@@ -146,14 +147,57 @@ def row(cell: dict) -> list:
             ratio(toolspec, emulated), ratio(plain, oracle), agreement(m), verdict(m)]
 
 
-def render(root: Path, sources=README_CELLS) -> str:
-    """The table, with the line that names its sources."""
+def merge_summaries(summaries: list[dict]) -> dict:
+    """One method's summaries over several cells as one over all their requests: counts summed, ``mean_s`` and the
+    exact rate weighted by requests, the paired ratio as total seconds over total seconds, waves summed where every
+    cell counted them."""
+    n = sum(s["n"] for s in summaries)
+    out = {"n": n, "mean_s": sum(s["mean_s"] * s["n"] for s in summaries) / n}
+    if all("exact_rate" in s for s in summaries):     # a drafted method's agreement with plain
+        out.update(exact_rate=sum(round(s["exact_rate"] * s["n"]) for s in summaries) / n,
+                   near_ties=sum(s["near_ties"] for s in summaries), defects=sum(s["defects"] for s in summaries))
+    if all("paired_toolspec_mean_s" in s for s in summaries):
+        out["paired_vs_toolspec"] = (sum(s["paired_toolspec_mean_s"] * s["n"] for s in summaries)
+                                     / sum(s["mean_s"] * s["n"] for s in summaries))
+    for key in ("waves_sent", "sidecar_waves"):
+        if all(key in s for s in summaries):
+            out[key] = sum(s[key] for s in summaries)
+    return out
+
+
+def by_target(cells: list[dict]) -> list[dict]:
+    """The cells of one source folder, machine, weights, toolbox state and target merged into one (first-seen
+    order): its benchmarks named in ``dataset`` (the part before the first ``-`` where there are several), each
+    method that ran in every one of them over all their requests (:func:`merge_summaries`)."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        env = c["env"]
+        key = (c.get("source"), cpu_class(env["cpu"]["model"], env["cpu"]["flags"]), env["threads"], weights(env),
+               bool(env.get("warm_tools")), Path(c["target"]).name)
+        groups.setdefault(key, []).append(c)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        names = [m for m in group[0]["methods"] if all(m in c["methods"] for c in group)]
+        out.append({**group[0], "dataset": ", ".join(c["dataset"].split("-")[0] for c in group),
+                    "order": names, "methods": {m: merge_summaries([c["methods"][m] for c in group]) for m in names}})
+    return out
+
+
+def render(root: Path, sources=README_CELLS, by: str = "cell") -> str:
+    """The table (``by="target"``: one row per machine, weights, toolbox and target, over its benchmarks), with the
+    line that names its sources."""
     cells = load_cells(root, sources)
     if not cells:
         raise ValueError(f"no vllm-bench cells in {', '.join(str(root / f) for f, _ in sources)}")
     names = ", ".join(f"`{folder}/`" for folder, _ in sources)
-    return (md_table(HEADERS, [row(c) for c in cells], align="lllll" + "r" * 8 + "l")
-            + f"\n\nFrom {len(cells)} cell{'' if len(cells) == 1 else 's'} in {names} "
+    rows = [row(c) for c in (by_target(cells) if by == "target" else cells)]
+    grouped = (f"; a row: one target's cells on one machine and toolbox, its n their requests, its ratios total "
+               f"seconds over total seconds; each cell: {ALL_CELLS_MD}" if len(rows) < len(cells) else "")
+    return (md_table(HEADERS, rows, align="lllll" + "r" * 8 + "l")
+            + f"\n\nFrom {len(cells)} cell{'' if len(cells) == 1 else 's'} in {names}{grouped} "
             f"({method_label(EMULATED)} is an emulation: "
             "its wave timed alone, replayed inside vLLM; REAL: the sidecar server on the target's own 2 cores; "
             "vLLM one request at a time, prefix caching on where the toolbox is warm).")
@@ -165,6 +209,20 @@ def spread(values: list[float]) -> str:
         return "-"
     values = sorted(values)
     return f"{values[0]:.2f}-{values[-1]:.2f}x (median {statistics.median(values):.2f}x)"
+
+
+def engine_noise(cells: list[dict]) -> str | None:
+    """How far one method's speed moves between two engines of one cell: ``toolspec`` alone against the paired arm of
+    ``ooospec-wave-first`` (the same drafter on the same requests, on another engine later in the run), as the
+    spread of ``|a / b - 1|``; None where no cell ran both."""
+    gaps = [abs(c["methods"][TOOLSPEC]["mean_s"] / paired - 1) for c in cells
+            if TOOLSPEC in c["methods"]
+            and (paired := c["methods"].get("ooospec-wave-first", {}).get("paired_toolspec_mean_s"))]
+    if not gaps:
+        return None
+    return (f"- run-to-run spread: `toolspec` timed twice per cell on two engines (alone, and as the paired arm of "
+            f"`ooospec-wave-first`) moved by {min(gaps):.0%}-{max(gaps):.0%} (median {statistics.median(gaps):.0%}) "
+            f"over {len(gaps)} cells; every ratio between two engines carries that much, a paired one does not.")
 
 
 def findings(cells: list[dict]) -> str:
@@ -211,17 +269,23 @@ def findings(cells: list[dict]) -> str:
                          + (" (paired on one engine)" if m == "ooospec-wave-first" else " (separate engines)") + ".")
     lines.append(f"- EMULATED own device x `toolspec`: {spread(over(cells, TOOLSPEC, EMULATED))}; oracle hints x "
                  f"`toolspec` (the ceiling): {spread(over(cells, TOOLSPEC, ORACLE))}.")
-    parts = [[int(x) for x in agreement(c["methods"]).replace("/", " · ").split(" · ")] for c in cells]
-    bad = [name(c) for c, p in zip(cells, parts) if p[3]]
-    lines.append(f"- drafted answers vs vLLM plain: {sum(p[0] for p in parts)} of {sum(p[1] for p in parts)} "
-                 f"identical, {sum(p[2] for p in parts)} near ties, {sum(p[3] for p in parts)} defects"
-                 + (f" (in {', '.join(bad)})." if bad else "."))
+    lines += [line for line in [engine_noise(cells)] if line]
+    for own, label, beyond in ((False, "ooo-spec's drafted answers", "defects"),
+                               (True, "vLLM's own `ngram` / `suffix` answers", "beyond the near-tie rules")):
+        parts = [[int(x) for x in agreement(c["methods"], own).replace("/", " · ").split(" · ")] for c in cells]
+        if not sum(p[1] for p in parts):
+            continue
+        bad = [name(c) for c, p in zip(cells, parts) if p[3]]
+        lines.append(f"- {label} vs vLLM plain: {sum(p[0] for p in parts)} of {sum(p[1] for p in parts)} "
+                     f"identical, {sum(p[2] for p in parts)} near ties, {sum(p[3] for p in parts)} {beyond}"
+                     + (f" (in {', '.join(bad)})." if bad else "."))
     return "\n".join(lines)
 
 
-def block(root: Path, sources=README_CELLS) -> str:
-    """The generated block: :func:`render`'s table, then :func:`findings` over the same cells."""
-    return render(root, sources) + "\n\nWhat the cells say (computed from them):\n\n" + findings(
+def block(root: Path, sources=README_CELLS, by: str = "cell") -> str:
+    """The generated block: :func:`render`'s table, then :func:`findings` over the same cells (always cell by
+    cell, whatever ``by``)."""
+    return render(root, sources, by) + "\n\nWhat the cells say (computed from them):\n\n" + findings(
         load_cells(root, sources))
 
 
@@ -244,17 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true",
                    help=f"the earlier sessions' cells too (as {ALL_CELLS_MD}); default: the README's sources")
     p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
+    p.add_argument("--by", choices=("cell", "target"), default=None,
+                   help="a row per cell, or per target (its benchmarks merged); default: target for --write (the "
+                        "README's form, short as the matrix grows), cell otherwise")
     args = p.parse_args(argv)
-    table = block(args.root, tuple((f, "*.json") for f in args.cells) or (CELLS if args.all else README_CELLS))
-    for path, text in ((args.out, table + "\n"), (args.write, None)):
+    sources = tuple((f, "*.json") for f in args.cells) or (CELLS if args.all else README_CELLS)
+    for path, by in ((args.out, args.by or "cell"), (args.write, args.by or "target")):
         if path is None:
             continue
-        text = text if text is not None else replace_block(path.read_text(encoding="utf-8"), table)
+        table = block(args.root, sources, by)
+        text = replace_block(path.read_text(encoding="utf-8"), table) if path == args.write else table + "\n"
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     if args.write is None and args.out is None:
-        print(table)
+        print(block(args.root, sources, args.by or "cell"))
     return 0
 
 

@@ -141,7 +141,9 @@ def run_probes(cells: list[Path], bound: float, threads: int = 2) -> list[Path]:
                            rows[(method, rid)]["tokens"], pos)
             out.write_text(json.dumps({"record": rid, "method": method, "result": result}, indent=1,
                                       ensure_ascii=False))
-            print(f"{out}: {'engine flip' if engine_flip(json.loads(out.read_text())) else 'no flip'}")
+            stored = json.loads(out.read_text())
+            how = probe_near_tie(stored, bound)
+            print(f"{out}: {how or 'no flip'}" + f" (plain leads by {probe_margin(stored)})" * (how != "probe"))
             written.append(out)
         del llm
     return written
@@ -156,11 +158,43 @@ def engine_flip(probe: dict) -> tuple[str, int] | None:
     return (probe["record"], r["position"]) if r["method_token"] in picks else None
 
 
-def reclassify(cell: dict, bound: float, source: str, flips: frozenset = frozenset()) -> dict:
+def probe_margin(probe: dict) -> float | None:
+    """How far plain's token leads the drafted one at the probed position: the largest lead over the ways of
+    :func:`probe` that scored both tokens (their top 2), None where none did. This is plain's margin there, measured
+    along plain's own path -- what the near-tie rule reads -- where plain's logprob re-run took another path before
+    the position and so could not measure it."""
+    r = probe["result"]
+    leads = [v[r["plain_token"]] - v[r["method_token"]] for v in r.values()
+             if isinstance(v, dict) and r["plain_token"] in v and r["method_token"] in v]
+    return max(leads) if leads else None
+
+
+def probe_near_tie(probe: dict, bound: float) -> str | None:
+    """Why a probed mismatch is a near tie: ``"probe"`` when the engine alone picks the drafted token in one of the
+    probe's ways (:func:`engine_flip`), ``"probe margin"`` when plain's lead over it (:func:`probe_margin`) is within
+    ``bound`` in every way that scored both; None otherwise (a defect)."""
+    if engine_flip(probe):
+        return "probe"
+    lead = probe_margin(probe)
+    return "probe margin" if lead is not None and lead <= bound else None
+
+
+def same_token(cell: dict, row: dict, probed_method: str | None, position: int) -> bool:
+    """Whether ``row`` left plain with the token the probed method did (a probe is stored per record and position, on
+    the first method that parted there); True where either row lacks its tokens."""
+    other = next((r for r in cell["examples"] if r["method"] == probed_method
+                  and r["record_id"] == row["record_id"]), None)
+    if other is None or "tokens" not in row or "tokens" not in other:
+        return True
+    return row["tokens"][position:position + 1] == other["tokens"][position:position + 1]
+
+
+def reclassify(cell: dict, bound: float, source: str, flips=frozenset()) -> dict:
     """``cell`` (a vllm-bench results JSON) with every mismatch's kind against ``bound`` and each method's
     ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from.
-    ``flips``: ``(record, position)`` pairs a probe showed the engine itself choosing either way
-    (:func:`engine_flip`): a mismatch there is a near tie whatever its margin (``"by": "probe"``)."""
+    ``flips``: the ``(record, position)`` pairs a probe made near ties (:func:`probe_near_tie`), a set or a dict
+    ``{pair: (probed method, "probe" | "probe margin")}``: a mismatch there (with the probed method's token, for a
+    dict) is a near tie whatever its recorded margin (``"by"`` says which probe rule)."""
     counts: dict[str, dict[str, int]] = {}
     for row in cell["examples"]:
         m = row.get("mismatch")
@@ -168,16 +202,23 @@ def reclassify(cell: dict, bound: float, source: str, flips: frozenset = frozens
         if m is None or m.get("kind") == "unclassified":
             continue
         m.pop("by", None)
-        if (row["record_id"], m.get("position")) in flips:
-            m.update(kind="near_tie", by="probe")
+        key = (row["record_id"], m.get("position"))
+        probed, how = flips[key] if isinstance(flips, dict) and key in flips else (None, "probe")
+        if key in flips and same_token(cell, row, probed, m["position"]):
+            m.update(kind="near_tie", by=how)
         else:
             m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
         c["near_ties" if m["kind"] == "near_tie" else "defects"] += 1
     for method, c in counts.items():
         if method in cell["methods"]:
             cell["methods"][method].update(c)
+    records = {row["record_id"] for row in cell["examples"]}
+    mine = [k for k in flips if k[0] in records]         # a target's probes cover all its cells: this cell's only
+    by_margin = sorted(list(k) for k in mine if isinstance(flips, dict) and flips[k][1] == "probe margin")
+    by_flip = sorted(list(k) for k in mine if list(k) not in by_margin)
     cell["env"]["tie_margin"] = {"value": round(bound, 4), "from": source,
-                                 **({"engine_flips": sorted(map(list, flips))} if flips else {})}
+                                 **({"engine_flips": by_flip} if by_flip else {}),
+                                 **({"probe_margins": by_margin} if by_margin else {})}
     return cell
 
 
@@ -243,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.bound_from is None:
             p.error("--reclassify needs --bound-from NUMERICS.json")
         bound = json.loads(args.bound_from.read_text())["bound"]
-        flips = frozenset(f for f in (engine_flip(json.loads(p.read_text())) for p in args.probe) if f)
+        flips = {}
+        for stored in (json.loads(p.read_text()) for p in args.probe):
+            if how := probe_near_tie(stored, bound):
+                flips[(stored["record"], stored["result"]["position"])] = (stored.get("method"), how)
         for path in args.reclassify:
             cell = reclassify(json.loads(path.read_text()), bound, str(args.bound_from), flips)
             tmp = path.with_name(path.name + ".partial")

@@ -25,7 +25,7 @@ def cell(methods: dict, **env) -> dict:
 def test_the_readme_block_is_the_generated_table():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text.split(headline.BEGIN, 1)[1].split(headline.END, 1)[0].strip("\n")
-    assert block == headline.block(ROOT), "stale: python -m ooospec.eval.vllm.headline --write README.md"
+    assert block == headline.block(ROOT, by="target"), "stale: python -m ooospec.eval.vllm.headline --write README.md"
     assert len(block.splitlines()) < 60
 
 
@@ -61,6 +61,38 @@ def test_the_best_real_deployment_prefers_the_paired_ratio():
     # a deployment that sent waves comes first, even below a no-wave one's ratio
     sent = {**both, "ooospec": summary(2.6, sidecar_waves=3)}
     assert headline.best_real(sent) == "0.96x shared" and headline.verdict(sent) == "even"
+
+
+def test_a_target_s_cells_merge_into_one_row_over_all_their_requests():
+    one = cell({"vllm": summary(6.0), "toolspec": summary(2.0, exact=0.9, near=3),
+                "ooospec-wave-first": summary(2.0, paired_toolspec_mean_s=2.2, paired_vs_toolspec=1.1, waves_sent=4),
+                "llama.cpp": summary(4.0)}, warm_tools=True)
+    two = {**cell({"vllm": summary(2.0, n=10), "toolspec": summary(1.0, n=10, defects=1),
+                   "ooospec-wave-first": summary(1.0, n=10, paired_toolspec_mean_s=0.8, waves_sent=0)},
+                  warm_tools=True), "dataset": "bfcl-simple-python"}
+    cold = cell({"vllm": summary(5.0), "toolspec": summary(2.5)})
+    merged, alone = headline.by_target([one, two, cold])
+    assert alone is cold and merged["dataset"] == "apibank, bfcl"
+    assert set(merged["methods"]) == {"vllm", "toolspec", "ooospec-wave-first"}     # llama.cpp ran in one only
+    m = merged["methods"]
+    assert m["vllm"]["n"] == 40 and m["vllm"]["mean_s"] == pytest.approx((30 * 6.0 + 10 * 2.0) / 40)
+    assert (m["toolspec"]["near_ties"], m["toolspec"]["defects"]) == (3, 1)
+    assert m["toolspec"]["exact_rate"] == pytest.approx(37 / 40)
+    # the paired ratio: total toolspec-arm seconds over total wave-first seconds, not a mean of the two ratios
+    assert m["ooospec-wave-first"]["paired_vs_toolspec"] == pytest.approx((30 * 2.2 + 10 * 0.8) / (30 * 2.0 + 10 * 1.0))
+    assert m["ooospec-wave-first"]["waves_sent"] == 4
+    row = headline.row(merged)
+    assert row[4:7] == ["apibank, bfcl", 40, "5.00"] and row[7] == f"{200 / 70:.2f}x"
+    # cells of another folder (another session) never merge with these
+    assert len(headline.by_target([{**one, "source": "a"}, {**two, "source": "b"}])) == 2
+
+
+def test_the_run_to_run_spread_compares_toolspec_on_two_engines():
+    paired = cell({"vllm": summary(6.0), "toolspec": summary(2.0),
+                   "ooospec-wave-first": summary(2.0, paired_toolspec_mean_s=2.5)})
+    assert headline.engine_noise([cell({"toolspec": summary(2.0)})]) is None
+    assert "moved by 20%-20% (median 20%) over 1 cells" in headline.engine_noise([paired])
+    assert "run-to-run spread" in headline.findings([paired])
 
 
 def test_quantized_weights_are_named_by_their_scheme():

@@ -177,7 +177,9 @@ def test_the_findings_are_computed_from_the_cells():
     assert "  - `ooospec` x `toolspec`: 1.00-1.00x (median 1.00x) over 1 cells (separate engines)." in text
     assert "  - `ooospec-wave-first` x `toolspec`: 1.25-1.25x (median 1.25x) over 1 cells (paired" in text
     assert "EMULATED own device x `toolspec`: 1.25-1.25x" in text and "(the ceiling): 2.00-2.00x" in text
-    assert "23 of 24 identical, 1 near ties, 0 defects." in text
+    # ooo-spec's own methods and vLLM's speculation counted apart (a divergence of vLLM's ngram is not ours)
+    assert "ooo-spec's drafted answers vs vLLM plain: 17 of 18 identical, 1 near ties, 0 defects." in text
+    assert "`ngram` / `suffix` answers vs vLLM plain: 6 of 6 identical, 0 near ties, 0 beyond" in text
 
 
 def test_the_committed_matrix_readme_shows_its_generated_table():

@@ -104,6 +104,30 @@ def test_a_probe_that_sees_the_engine_pick_the_drafted_token_makes_that_mismatch
     assert again["examples"][0]["mismatch"] == {"position": 3, "margin": 0.5625, "kind": "defect"}
 
 
+def test_a_probe_that_measures_plain_s_lead_within_the_bound_makes_a_near_tie_by_its_margin():
+    # plain's logprob re-run took another path earlier (margin unknown); the probe, along plain's own path, sees the
+    # two tokens tied exactly in bf16 -- the engine's argmax broke the tie towards plain, the verify batch the other way
+    tied = probe("y", one_forward_at_pos={"x": -1.9755, "y": -1.9755}, prefill_to_3_then_decode={"x": -1.98, "y": -2.1})
+    assert numerics.engine_flip(tied) is None and numerics.probe_margin(tied) == pytest.approx(0.12)
+    assert numerics.probe_near_tie(tied, 0.25) == "probe margin" and numerics.probe_near_tie(tied, 0.1) is None
+    led = probe("y", one_forward_at_pos={"x": -0.5, "y": -1.0})
+    assert numerics.probe_near_tie(led, 0.25) is None                         # plain leads by 0.5: still a defect
+    assert numerics.probe_margin(probe("y", one_forward_at_pos={"x": -0.5, "z": -0.6})) is None   # y not in top 2
+    assert numerics.probe_near_tie(probe("y", one_forward_at_pos={"x": -0.6, "y": -0.5}), 0.0) == "probe"
+
+
+def test_a_probe_applies_only_to_rows_that_left_plain_with_the_probed_token():
+    c = cell()
+    c["examples"][0].update(tokens=[1, 2, 3, 7])
+    c["examples"].append({"method": "vllm-ngram", "record_id": "a", "tokens": [1, 2, 3, 8],
+                          "mismatch": {"position": 3, "margin": None, "kind": "defect"}})
+    c["methods"]["vllm-ngram"] = {"near_ties": 0, "defects": 1}
+    out = numerics.reclassify(c, 0.25, "numerics.json", {("a", 3): ("toolspec", "probe margin")})
+    assert out["examples"][0]["mismatch"]["by"] == "probe margin"
+    assert out["examples"][-1]["mismatch"]["kind"] == "defect"                # another token at that position
+    assert out["env"]["tie_margin"]["probe_margins"] == [["a", 3]] and "engine_flips" not in out["env"]["tie_margin"]
+
+
 def test_a_probe_asks_the_engine_alone_four_ways_and_its_result_reads_as_an_engine_flip(monkeypatch):
     """:func:`numerics.probe` on a fake engine whose one-forward scoring picks the drafted token: the stored result
     marks that mismatch an engine flip; the same engine picking plain's token everywhere marks none."""
