@@ -189,12 +189,13 @@ def same_token(cell: dict, row: dict, probed_method: str | None, position: int) 
     return row["tokens"][position:position + 1] == other["tokens"][position:position + 1]
 
 
-def reclassify(cell: dict, bound: float, source: str, flips=frozenset()) -> dict:
+def reclassify(cell: dict, bound: float, source: str, flips: dict | None = None) -> dict:
     """``cell`` (a vllm-bench results JSON) with every mismatch's kind against ``bound`` and each method's
     ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from.
-    ``flips``: the ``(record, position)`` pairs a probe made near ties (:func:`probe_near_tie`), a set or a dict
-    ``{pair: (probed method, "probe" | "probe margin")}``: a mismatch there (with the probed method's token, for a
-    dict) is a near tie whatever its recorded margin (``"by"`` says which probe rule)."""
+    ``flips``: ``{(record, position): (probed method, "probe" | "probe margin")}``, the mismatches a probe made near
+    ties (:func:`probe_near_tie`): a row there that left plain with the probed method's token is a near tie whatever
+    its recorded margin (``"by"`` says which probe rule)."""
+    flips = flips or {}
     counts: dict[str, dict[str, int]] = {}
     for row in cell["examples"]:
         m = row.get("mismatch")
@@ -203,9 +204,8 @@ def reclassify(cell: dict, bound: float, source: str, flips=frozenset()) -> dict
             continue
         m.pop("by", None)
         key = (row["record_id"], m.get("position"))
-        probed, how = flips[key] if isinstance(flips, dict) and key in flips else (None, "probe")
-        if key in flips and same_token(cell, row, probed, m["position"]):
-            m.update(kind="near_tie", by=how)
+        if key in flips and same_token(cell, row, flips[key][0], m["position"]):
+            m.update(kind="near_tie", by=flips[key][1])
         else:
             m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
         c["near_ties" if m["kind"] == "near_tie" else "defects"] += 1
@@ -214,8 +214,8 @@ def reclassify(cell: dict, bound: float, source: str, flips=frozenset()) -> dict
             cell["methods"][method].update(c)
     records = {row["record_id"] for row in cell["examples"]}
     mine = [k for k in flips if k[0] in records]         # a target's probes cover all its cells: this cell's only
-    by_margin = sorted(list(k) for k in mine if isinstance(flips, dict) and flips[k][1] == "probe margin")
-    by_flip = sorted(list(k) for k in mine if list(k) not in by_margin)
+    by_margin = sorted(list(k) for k in mine if flips[k][1] == "probe margin")
+    by_flip = sorted(list(k) for k in mine if flips[k][1] == "probe")
     cell["env"]["tie_margin"] = {"value": round(bound, 4), "from": source,
                                  **({"engine_flips": by_flip} if by_flip else {}),
                                  **({"probe_margins": by_margin} if by_margin else {})}

@@ -94,7 +94,7 @@ def test_a_probe_that_sees_the_engine_pick_the_drafted_token_makes_that_mismatch
     flipped = probe("y", one_forward_at_pos={"x": -1.33, "y": -1.21}, prefill_to_3_then_decode={"x": -0.5, "y": -2.0})
     held = probe("y", one_forward_at_pos={"x": -0.5, "y": -2.0})
     assert numerics.engine_flip(flipped) == ("a", 3) and numerics.engine_flip(held) is None
-    out = numerics.reclassify(cell(), 0.25, "numerics.json", frozenset({("a", 3)}))
+    out = numerics.reclassify(cell(), 0.25, "numerics.json", {("a", 3): ("toolspec", "probe")})
     kinds = [r.get("mismatch", {}) for r in out["examples"]]
     assert kinds[0] == {"position": 3, "margin": 0.5625, "kind": "near_tie", "by": "probe"}
     assert kinds[3]["kind"] == "defect"                       # another record: the bound decides
