@@ -7,7 +7,9 @@ reads what ``bash eval/vllm/cpu_quantized.sh`` leaves in that folder -- ``<forma
 (``ooospec vllm-bench``, one folder per weight format) and ``<target>_<bench>.llamacpp.json`` (``ooospec bench``
 with llama.cpp) -- and writes ``formats.md``. ``toolspec x llama.cpp`` is llama.cpp's mean seconds over toolspec's on
 the same requests; ``identical`` compares toolspec with vLLM plain on the SAME weights (a drafter cannot change the
-text); quality
+text). Where the llama.cpp cell also ran the bindings' own speculation (``llama.cpp-pld``, prompt lookup), it gets a
+row of its own: its seconds in the drafted column, ``x plain`` against llama.cpp greedy, ``identical`` against
+llama.cpp greedy's tokens on the same request. Quality
 (:mod:`ooospec.eval.substrate.call_quality`) scores each format's plain greedy output against the gold calls.
 """
 
@@ -22,6 +24,7 @@ from ooospec.reporting import md_table
 
 HEAD = ["target", "benchmark", "weights", "n", "llama.cpp s", "vLLM plain s", "toolspec s", "toolspec x llama.cpp",
         "toolspec x plain", "#MAT", "identical / near ties / defects", "function", "arguments", "whole call"]
+PLD = "llama.cpp-pld"
 
 
 def _quality_cells(rows: list[dict], gold: dict) -> list[str]:
@@ -41,6 +44,27 @@ def cells(folder: Path) -> list[tuple[str, str, str, dict]]:
     return out
 
 
+def _mean_s(rows: list[dict]) -> float:
+    return sum(r["time_s"] for r in rows) / len(rows)
+
+
+def llamacpp_rows(path: Path, target: str, bench: str, gold: dict) -> list[list]:
+    """The llama.cpp cell's rows: its greedy, and its prompt-lookup speculation where the cell ran it (against
+    greedy on the same requests: seconds ratio, identical tokens, mean tokens per forward)."""
+    greedy = rows_of(path, "llama.cpp")
+    out = [[target, bench, "Q4_K_M GGUF (llama.cpp greedy)", len(greedy), f"{_mean_s(greedy):.3f}", "", "", "", "",
+            "", "", *_quality_cells(greedy, gold)]]
+    summary = json.loads(path.read_text()).get("methods", {}).get(PLD)
+    if summary is not None:
+        pld = rows_of(path, PLD)
+        ref = {r["id"]: r["tokens"] for r in greedy}
+        same, mat = sum(r["tokens"] == ref.get(r["id"]) for r in pld), summary["mat"]
+        out.append([target, bench, "Q4_K_M GGUF (llama.cpp prompt lookup)", len(pld), f"{_mean_s(greedy):.3f}", "",
+                    f"{_mean_s(pld):.3f}", "-", f"{_mean_s(greedy) / _mean_s(pld):.2f}x", f"{mat:.2f}",
+                    f"{same}/{len(pld)} identical to greedy", *_quality_cells(pld, gold)])
+    return out
+
+
 def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
     table, golds, llama_done = [], {}, set()
     for fmt, target, bench, data in sorted(cells(folder), key=lambda c: (c[1], c[2], c[0] != "bf16", c[0])):
@@ -48,10 +72,7 @@ def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
         llama_path = folder / f"{target}_{bench}.llamacpp.json"
         if (target, bench) not in llama_done and llama_path.is_file():
             llama_done.add((target, bench))
-            llama = rows_of(llama_path, "llama.cpp")
-            mean = sum(r["time_s"] for r in llama) / len(llama)
-            table.append([target, bench, "Q4_K_M GGUF (llama.cpp greedy)", len(llama), f"{mean:.3f}", "", "", "", "",
-                          "", "", *_quality_cells(llama, gold)])
+            table += llamacpp_rows(llama_path, target, bench, gold)
         m = data["methods"]
         plain, spec = m["vllm"], m.get("toolspec")
         q = data["env"].get("quantization")

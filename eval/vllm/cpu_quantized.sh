@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The quantized-target report (eval/reports/cpu/quantized/<cpu>/): can toolspec inside vLLM on a quantized target beat
 # llama.cpp's greedy on the registry's Q4_K_M GGUF? Per target and benchmark, on the same 30 requests, 2 threads,
-# one run at a time, toolbox warm (WARM=0: cold): llama.cpp greedy (`ooospec bench`, main venv), then vLLM plain +
+# one run at a time, toolbox warm (WARM=0: cold): llama.cpp greedy and the bindings' prompt-lookup speculation
+# (`ooospec bench`, main venv; LLAMACPP_METHODS), then vLLM plain +
 # toolspec on each weight format (bf16 and the SCHEMES, `ooospec vllm-bench`, .venv-vllm); then what a forward costs
 # per format at 2 and 1 threads (vllm_substrate, substrate) and the roofline table. Resumable: a finished cell is
 # skipped. Needs .venv (llama.cpp), .venv-vllm (eval/vllm/setup_cpu.sh), .venv-quant (eval/vllm/setup_quant.sh).
@@ -21,6 +22,7 @@ LIMIT=${LIMIT:-30}
 WARM=${WARM:-1}
 WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
 METHODS=${METHODS:-vllm,toolspec}
+export LLAMACPP_METHODS=${LLAMACPP_METHODS:-llama.cpp,llama.cpp-pld}   # greedy, and the bindings' prompt lookup
 BF16_METHODS=${BF16_METHODS:-vllm}   # bf16: plain (the quality reference and what quantizing buys); add toolspec
 CALIBRATION=${CALIBRATION:-data/dedupe/train.jsonl}
 SAMPLES=${SAMPLES:-32}            # calibration records (GPTQ, SmoothQuant)

@@ -13,7 +13,9 @@ Columns (one row per method, concurrency and stream mode)::
     req/s, out tok/s  requests, completion tokens (the server's ``usage``) / the level's wall time
     p50 s, p90 s      request latency percentiles (linear interpolation)
     TTFT p50 s        time to the first content or tool-call delta (streamed); = the latency when not streamed
-    thru x            plain's wall time / this method's, same requests, same level (> 1: more throughput)
+    thru x            plain's wall time / this method's, same requests, same level (> 1: more throughput); with
+                      ``--rounds R`` (plain, the others, plain again, R times) against the mean of the two plain
+                      runs around it, and a rounds table (eval/vllm/load_rounds.py): median and range per level
     p50 x             this method's p50 latency / plain's at the same level (< 1: faster)
     identical         share of requests whose content and tool calls (name, arguments parsed as JSON) equal
                       plain's at the same level (the ids that differ are in the JSON)
@@ -49,6 +51,7 @@ from pathlib import Path
 
 from ooospec.eval.bench.data import load_examples
 from ooospec.eval.vllm.load_exact import classify_levels, compare_rows
+from ooospec.eval.vllm.load_rounds import bracket, render_rounds, round_summary, schedule
 from ooospec.eval.vllm.runs import add_engine_arguments, ooospec_options, speculative_config, stop_server
 from ooospec.pipelines.records import write_json
 from ooospec.reporting import fmt_cell, md_table, pct
@@ -94,8 +97,8 @@ def validate(args) -> None:
     args.order = parse_methods(args.methods)
     args.levels = parse_concurrency(args.concurrency)
     args.streams = STREAM_CHOICES[args.stream]
-    for flag, value in (("--limit", args.limit), ("--threads", args.threads), ("--k", args.k),
-                        ("--ngram-k", args.ngram_k), ("--max-new-tokens", args.max_new_tokens)):
+    for flag, value in (("--limit", args.limit), ("--rounds", args.rounds), ("--threads", args.threads),
+                        ("--k", args.k), ("--ngram-k", args.ngram_k), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise SystemExit(f"{flag} must be >= 1, got {value}")
     if not (math.isfinite(args.log_interval) and args.log_interval > 0):
@@ -300,14 +303,15 @@ def settle(url: str, body: dict, interval: float) -> None:
     run_level(url, [{**body, "max_tokens": 2, "stream": False}], ["settle"], 1)
 
 
-def run_method(args, method: str, records: list[dict]) -> dict:
-    """Start ``method``'s server, warm it up, run every level; its levels (rows, wall s, proposer lines)."""
+def run_method(args, method: str, records: list[dict], key: str | None = None) -> dict:
+    """Start ``method``'s server, warm it up, run every level; its levels (rows, wall s, proposer lines). ``key``:
+    the run's name in the logs (:func:`~ooospec.eval.vllm.load_rounds.run_key`; default the method's)."""
     import httpx
 
     from ooospec.runtime.sidecar.process import free_port
 
     port = free_port()
-    url, log = f"http://127.0.0.1:{port}", args.out.with_name(f"{args.out.stem}.{method}.server.log")
+    url, log = f"http://127.0.0.1:{port}", args.out.with_name(f"{args.out.stem}.{key or method}.server.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     engine = get_method(method).is_engine
     ids = [r["id"] for r in records]
@@ -336,7 +340,7 @@ def run_method(args, method: str, records: list[dict]) -> dict:
                             proposer = proposer_summary(parse_metrics(f.read().decode(errors="replace")))
                     levels.append({"concurrency": c, "stream": stream, "wall_s": wall, "rows": rows,
                                    "proposer": proposer})
-                    print(f"[vllm-load] {method} c={c} stream={'on' if stream else 'off'}: {wall:.1f}s, "
+                    print(f"[vllm-load] {key or method} c={c} stream={'on' if stream else 'off'}: {wall:.1f}s, "
                           f"{len(rows) / wall:.2f} req/s", file=sys.stderr)
         except httpx.HTTPError as e:
             raise SystemExit(f"vllm-load: a {method} request failed ({type(e).__name__}: {e}); see {log}") from e
@@ -354,33 +358,39 @@ def settings_of(args, records: list[dict]) -> dict:
 
 
 def measure(args, records: list[dict], saved: Path) -> dict[str, dict]:
-    """Each method's levels, saved in ``saved`` as it finishes; a rerun with the same settings reuses them."""
+    """Each run's levels (``--rounds``: :func:`~ooospec.eval.vllm.load_rounds.schedule`), saved in ``saved`` as it
+    finishes; a rerun with the same settings reuses them."""
     saved.mkdir(parents=True, exist_ok=True)
     want = settings_of(args, records)
     runs = {}
-    for method in args.order:
-        done = saved / f"{method}.json"
+    for key, method in schedule(args.order, args.rounds):
+        done = saved / f"{key}.json"
         kept = json.loads(done.read_text()) if done.is_file() else None
         if kept is not None and kept.get("settings") == want:
-            print(f"[vllm-load] {method}: kept from {done}", file=sys.stderr)
-            runs[method] = kept
+            print(f"[vllm-load] {key}: kept from {done}", file=sys.stderr)
+            runs[key] = kept
             continue
-        runs[method] = {"settings": want, **run_method(args, method, records)}
-        write_json(done, runs[method])
+        runs[key] = {"settings": want, **run_method(args, method, records, key)}
+        write_json(done, runs[key])
     return runs
 
 
 def level_table(runs: dict[str, dict]) -> list[dict]:
-    """Per (method, concurrency, stream): :func:`summarize`, ratios and ``identical`` vs plain, the chains."""
+    """Per (run, concurrency, stream): :func:`summarize`; throughput and p50 ratios against the mean of the plain
+    runs that bracket the run (:func:`~ooospec.eval.vllm.load_rounds.bracket`; one round: plain's one run);
+    ``identical`` against plain's first run at the same level; the chains. ``method`` is the run's key."""
     ref = {(lv["concurrency"], lv["stream"]): lv for lv in runs[VLLM_REFERENCE]["levels"]}
-    ref_sum = {key: summarize(lv["rows"], lv["wall_s"]) for key, lv in ref.items()}
+    sums = {run: {(lv["concurrency"], lv["stream"]): summarize(lv["rows"], lv["wall_s"]) for lv in r["levels"]}
+            for run, r in runs.items()}
     out = []
     for method, run in runs.items():
+        plain = bracket(method, list(runs))
         for lv in run["levels"]:
             key = (lv["concurrency"], lv["stream"])
-            s, base = summarize(lv["rows"], lv["wall_s"]), ref_sum[key]
+            s = sums[method][key]
+            wall, p50 = (statistics.mean(sums[p][key][k] for p in plain) for k in ("wall_s", "p50_s"))
             out.append({"method": method, "concurrency": key[0], "stream": key[1], **s,
-                        "throughput_x": base["wall_s"] / s["wall_s"], "p50_x": s["p50_s"] / base["p50_s"],
+                        "throughput_x": wall / s["wall_s"], "p50_x": s["p50_s"] / p50, "against": plain,
                         **compare_rows(lv["rows"], ref[key]["rows"]), "proposer": lv.get("proposer")})
     return out
 
@@ -408,7 +418,8 @@ def render_table(results: dict) -> str:
     env = results["env"]
     title = (f"### vllm-load: {results['target']} on {results['dataset']} ({results['n']} requests, "
              f"{env['threads']} threads, {env['dtype']}, prefix caching {'on' if env['prefix_caching'] else 'off'})")
-    return title + "\n\n" + md_table(headers, rows, labels=3)
+    rounds = render_rounds(round_summary(results["levels"]))
+    return title + "\n\n" + md_table(headers, rows, labels=3) + ("\n\n" + rounds if rounds else "")
 
 
 def environment_of(args) -> dict:
@@ -418,7 +429,7 @@ def environment_of(args) -> dict:
 
     return {**environment(args), "max_model_len": MAX_MODEL_LEN, "prefix_caching": args.prefix_caching == "on",
             "warm_tools": False, "batch": max(args.levels), "served": True, "concurrency": args.levels,
-            "stream": args.streams, "log_interval_s": args.log_interval}
+            "stream": args.streams, "log_interval_s": args.log_interval, "rounds": args.rounds}
 
 
 def slim(levels: list[dict]) -> list[dict]:
@@ -443,6 +454,9 @@ def add_arguments(p) -> None:
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help=f"comma-separated, from {','.join(LOAD_METHODS)} ({VLLM_REFERENCE} always runs, first)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, one level each")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="> 1: plain, then each other method, then plain again, R times (interleaved; each drafting "
+                        "run against the plain runs around it: eval/vllm/load_rounds.py)")
     p.add_argument("--stream", choices=tuple(STREAM_CHOICES), default="both", help="stream mode(s) of each level")
     p.add_argument("--prefix-caching", choices=("on", "off"), default="on")
     add_engine_arguments(p)

@@ -57,3 +57,19 @@ def test_a_plain_only_cell_keeps_its_quality_row(tmp_path):
     (tmp_path / "cpu" / "bf16" / "qwen_bench.json").write_text(json.dumps(cell))
     [line] = [x for x in quantized_report.render(tmp_path / "cpu", bench).splitlines() if x.startswith("| qwen")]
     assert line == "| qwen | bench | bfloat16 | 2 | 3.000 | 4.000 | - | - | - | - | - | 100% | 100% | 100% |"
+
+
+def test_the_bindings_prompt_lookup_gets_its_own_row(tmp_path):
+    bench = _benchmark_dir(tmp_path)
+    (tmp_path / "cpu" / "bf16").mkdir(parents=True)
+    (tmp_path / "cpu" / "bf16" / "qwen_bench.json").write_text(json.dumps(_cell("bf16", 4.0, 2.0, GOOD)))
+    greedy = [{"method": "llama.cpp", "id": rid, "time_s": 3.0, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    pld = [{"method": "llama.cpp-pld", "id": "a", "time_s": 1.0, "text": GOOD, "tokens": [1, 2]},
+           {"method": "llama.cpp-pld", "id": "b", "time_s": 2.0, "text": "no call", "tokens": [1, 3]}]
+    (tmp_path / "cpu" / "qwen_bench.llamacpp.json").write_text(json.dumps(
+        {"examples": greedy + pld, "methods": {"llama.cpp": {"mean_s": 3.0}, "llama.cpp-pld": {"mat": 1.75}}}))
+    lines = [x for x in quantized_report.render(tmp_path / "cpu", bench).splitlines() if x.startswith("| qwen")]
+    assert [line.split(" | ")[2] for line in lines] == [
+        "Q4_K_M GGUF (llama.cpp greedy)", "Q4_K_M GGUF (llama.cpp prompt lookup)", "bfloat16"]
+    assert lines[1] == ("| qwen | bench | Q4_K_M GGUF (llama.cpp prompt lookup) | 2 | 3.000 |  | 1.500 | - | 2.00x | "
+                        "1.75 | 1/2 identical to greedy | 50% | 50% | 50% |")

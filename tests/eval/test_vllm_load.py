@@ -291,7 +291,7 @@ def test_the_results_keep_a_prompts_length_not_its_ids():
 def test_a_rerun_keeps_finished_methods(tmp_path, monkeypatch):
     ran = []
 
-    def fake_run(args, method, records):
+    def fake_run(args, method, records, key=None):
         ran.append(method)
         return {"load_s": 1.0, "levels": [level(1, False, 1.0, 1.0, ["a"])]}
 
