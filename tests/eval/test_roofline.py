@@ -48,3 +48,40 @@ def test_render_joins_engines_and_names_the_roofs(tmp_path):
 def test_empty_folder_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no substrate"):
         roofline.render(tmp_path, 4.0, 8)
+
+
+def test_interpolation_between_measured_sizes():
+    t = {1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0, 16: 40.0}
+    assert roofline.interp(t, 13) == pytest.approx(34.0) and roofline.interp(t, 1) == 10.0
+    assert roofline.interp(t, 0.5) == 10.0 and roofline.interp(t, 64) == 40.0
+
+
+def _cell(folder, fmt, bench, mat, tokens, drafted):
+    (folder / fmt).mkdir(exist_ok=True)
+    spec = {"mat": mat, "new_tokens": tokens, "draft_tokens_per_step": drafted}
+    (folder / fmt / f"m_{bench}.json").write_text(json.dumps(
+        {"target": "/cache/m", "dataset": bench, "env": {}, "methods": {"vllm": {}, "toolspec": spec}}))
+
+
+def test_drafted_tokens_per_second_use_the_measured_acceptance(tmp_path):
+    # two cells: 100 tokens in 25 steps drafting 7 a step, 300 tokens in 50 steps drafting 11 a step
+    _cell(tmp_path, "w8a8", "a", 4.0, 100, 7.0)
+    _cell(tmp_path, "w8a8", "b", 6.0, 300, 11.0)
+    acc = roofline.measured_acceptance(tmp_path)
+    assert acc["m"]["mat"] == pytest.approx(400 / 75) and acc["m"]["cells"] == 2
+    assert acc["m"]["verified"] == pytest.approx(1 + (7 * 25 + 11 * 50) / 75)
+    t = {1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0, 16: 40.0}
+    assert roofline.tokens_per_s(t, {"mat": 4.0, "verified": 13}) == "100.0 / 117.6"     # 4000 / 34 ms
+    assert roofline.tokens_per_s(t, None) == "100.0 / -"
+    vllm_row = {"engine": "vllm", "format": "w8a8", "weight_bytes": 500_000_000, "matmul_params": 1_000_000_000}
+    for c in (1, 2):
+        _write(tmp_path, "vllm", c, _times(10.0, 40.0, 1.0, c), vllm_row)
+    text = roofline.render(tmp_path, mat=2.0, n_verified=4)
+    assert "m #MAT 5.33 at 10.7 verified tokens (2 cells)" in text
+    t2 = _times(10.0, 40.0, 1.0, 2)
+    want = f"| {1000 / t2[1]:.1f} / {1000 * acc['m']['mat'] / roofline.interp(t2, acc['m']['verified']):.1f} |"
+    assert next(ln for ln in text.splitlines() if ln.startswith("| m | vllm | w8a8 | 2 |")).endswith(want)
+    # the many-core table takes the measured acceptance too, not --mat / --verified
+    model = roofline.fit(_times(10.0, 40.0, 1.0, 1), t2)
+    drafted_32 = 1000 * acc["m"]["mat"] / roofline.predict(model, acc["m"]["verified"], 32)
+    assert f"/ {drafted_32:.0f} |" in text
