@@ -49,6 +49,8 @@ def load(folder: Path) -> list[dict]:
         if data.get("roofs"):
             roofs[threads] = data["roofs"]
         for r in data["rows"]:
+            if r.get("error"):
+                continue                             # not measured here: :func:`failures`
             engine = r.get("engine", "llama.cpp")
             rows.append({"engine": engine, "target": data["target"], "threads": threads, "cpu": data["cpu"],
                          "format": r.get("format") or r.get("weights"), "bytes": r.get("weight_bytes", r.get("bytes")),
@@ -59,6 +61,20 @@ def load(folder: Path) -> list[dict]:
                                            and o["params"]), None)
         r["roofs"] = roofs.get(r["threads"]) or next(iter(roofs.values()), None)
     return rows
+
+
+def failures(folder: Path) -> list[str]:
+    """``target engine format (threads): exit status: last log line`` of every row a substrate run could not
+    measure."""
+    out = []
+    for path in sorted(folder.glob("substrate_*.json")):
+        data = json.loads(path.read_text())
+        for r in data.get("rows", []):
+            if r.get("error"):
+                lines = [ln.strip() for ln in r["error"].splitlines() if ln.strip()]
+                out.append(f"{data['target']} {r.get('engine', 'llama.cpp')} {r.get('format')} "
+                           f"({data.get('threads')} threads): {lines[0].split(':')[0]}: {lines[-1]}")
+    return out
 
 
 def measured_acceptance(folder: Path) -> dict[str, dict]:
@@ -169,6 +185,7 @@ def render(folder: Path, mat: float, n_verified: float) -> str:
     out = [f"CPU: {rows[0]['cpu']}; roofs (torch, per thread count): "
            + "; ".join(f"{r['threads']} threads {r['roofs']}" for r in {r['threads']: r for r in rows}.values()),
            "", md_table(head, table, align="lllr" + "r" * (len(head) - 4)), "", acceptance_note(measured)]
+    out += [f"Not measured (the engine failed): {f}" for f in failures(folder)]
     cores = cores_table(rows, mat, n_verified, measured=measured)
     if cores:
         note = (f"Predicted for more cores (model in `eval/substrate/roofline.py`, memory saturating at {C_MEM} cores; "

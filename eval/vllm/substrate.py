@@ -31,6 +31,7 @@ from pathlib import Path
 SIZES = (1, 2, 4, 8, 16, 32)
 CONTEXT = 384      # a multiple of vLLM's CPU block sizes, so the whole context is a cached prefix
 DECODE = 64
+ERROR_LINES = 12   # a failed format's row keeps its worker's last log lines
 
 
 def roofs(threads: int, repeats: int = 3) -> dict:
@@ -129,18 +130,25 @@ def measure_format(folder: Path, threads: int, repeats: int, seed: int = 0) -> d
 
 
 def _in_worker(args, fmt: str) -> dict:
-    """One format's row, measured in a fresh process (one vLLM engine per process, as every vLLM bench here)."""
+    """One format's row, measured in a fresh process (one vLLM engine per process, as every vLLM bench here). A
+    format the worker cannot measure (vLLM cannot load it on this CPU, say) becomes a row with its ``error``: the
+    worker's exit status and last log lines; the other formats go on."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        row = Path(tmp) / "row.json"
+        row, log = Path(tmp) / "row.json", Path(tmp) / "worker.log"
         cmd = [sys.executable, "-m", "ooospec.eval.vllm.substrate", "--target", args.target, "--one", fmt,
                "--threads", str(args.threads), "--repeats", str(args.repeats), "--out", str(row)]
         if args.cache:
             cmd += ["--cache", args.cache]
-        subprocess.run(cmd, check=True)
-        return json.loads(row.read_text())
+        with open(log, "w") as sink:
+            rc = subprocess.run(cmd, check=False, stdout=sink, stderr=subprocess.STDOUT).returncode
+        if rc == 0 and row.is_file():
+            return json.loads(row.read_text())
+        tail = log.read_text(errors="replace").strip().splitlines()[-ERROR_LINES:]
+        print(f"{args.target} {fmt}: the worker failed (exit {rc}):\n" + "\n".join(tail), file=sys.stderr)
+        return {"engine": "vllm", "format": fmt, "error": f"exit {rc}: " + "\n".join(tail)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(args.out)
-    print(json.dumps({r["format"]: {"step_ms": r["step_ms"], "T_ms": r["T_ms"]} for r in rows}, indent=1))
+    print(json.dumps({r["format"]: {"step_ms": r["step_ms"], "T_ms": r["T_ms"]} if "error" not in r
+                      else {"error": r["error"].splitlines()[0]} for r in rows}, indent=1))
     return 0
 
 

@@ -85,3 +85,14 @@ def test_drafted_tokens_per_second_use_the_measured_acceptance(tmp_path):
     model = roofline.fit(_times(10.0, 40.0, 1.0, 1), t2)
     drafted_32 = 1000 * acc["m"]["mat"] / roofline.predict(model, acc["m"]["verified"], 32)
     assert f"/ {drafted_32:.0f} |" in text
+
+
+def test_a_format_the_engine_could_not_run_is_named_not_measured(tmp_path):
+    vllm_row = {"engine": "vllm", "format": "w8a8", "weight_bytes": 500_000_000, "matmul_params": 1_000_000_000}
+    _write(tmp_path, "vllm", 2, _times(10.0, 40.0, 1.0, 2), vllm_row)
+    failed = {"target": "m", "threads": 2, "cpu": "Test CPU", "rows": [
+        {"engine": "vllm", "format": "w4a16-rtn", "error": "exit 1: Loading\nValueError: no CPU kernel for WNA16"}]}
+    (tmp_path / "substrate_vllm_m_w4a16_t2.json").write_text(json.dumps(failed))
+    assert [r["format"] for r in roofline.load(tmp_path)] == ["w8a8"]
+    text = roofline.render(tmp_path, 4.0, 8)
+    assert "Not measured (the engine failed): m vllm w4a16-rtn (2 threads): exit 1: ValueError: no CPU kernel" in text

@@ -17,3 +17,21 @@ def test_bytes_per_token_counts_linears_and_head_not_the_embedding(tmp_path):
     got = bytes_per_token(tmp_path)
     assert got["weight_bytes"] == 16 * 8 + 16 * 4 + 8 * 2 * 4 + 100 * 8 * 2
     assert got["matmul_params"] == 16 * 8 + 8 * 2 * 8 + 100 * 8    # scales are not multiplied
+
+
+def test_a_format_whose_worker_fails_becomes_an_error_row(monkeypatch, capsys):
+    import argparse
+    import subprocess
+
+    from ooospec.eval.vllm import substrate
+
+    def fake_run(cmd, check, stdout, stderr):
+        stdout.write("".join(f"log line {i}\n" for i in range(20)) + "ValueError: no CPU kernel for WNA16\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = argparse.Namespace(target="m", threads=2, repeats=3, cache=None)
+    row = substrate._in_worker(args, "w4a16-rtn")
+    assert row["format"] == "w4a16-rtn" and row["error"].startswith("exit 1: log line 9\n")
+    assert row["error"].endswith("ValueError: no CPU kernel for WNA16")
+    assert len(row["error"].splitlines()) == substrate.ERROR_LINES and "w4a16-rtn" in capsys.readouterr().err
