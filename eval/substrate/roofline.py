@@ -39,15 +39,13 @@ _NAME = re.compile(r"substrate_(vllm|llamacpp)_(?P<target>.+?)(?:_t(?P<threads>\
 
 def load(folder: Path) -> list[dict]:
     """Every substrate row of ``folder``, flattened: engine, target, threads, format, T(n), bytes, roofs."""
-    rows, roofs = [], {}
+    rows = []
     for path in sorted(folder.glob("substrate_*.json")):
         match = _NAME.search(path.name)
         if not match:
             continue
         data = json.loads(path.read_text())
         threads = int(data.get("threads") or match["threads"] or 0)
-        if data.get("roofs"):
-            roofs[threads] = data["roofs"]
         for r in data["rows"]:
             if r.get("error"):
                 continue                             # not measured here: :func:`failures`
@@ -55,11 +53,12 @@ def load(folder: Path) -> list[dict]:
             rows.append({"engine": engine, "target": data["target"], "threads": threads, "cpu": data["cpu"],
                          "format": r.get("format") or r.get("weights"), "bytes": r.get("weight_bytes", r.get("bytes")),
                          "params": r.get("matmul_params"), "T": {int(k): v for k, v in r["T_ms"].items()},
-                         "source": path.name})
-    for r in rows:                                   # llama.cpp rows take the params and roofs of the vLLM runs
+                         "source": path.name, "roofs": data.get("roofs")})
+    for r in rows:       # llama.cpp rows take the params and roofs of a vLLM run (same target and threads first)
         r["params"] = r["params"] or next((o["params"] for o in rows if o["target"] == r["target"]
                                            and o["params"]), None)
-        r["roofs"] = roofs.get(r["threads"]) or next(iter(roofs.values()), None)
+        r["roofs"] = r["roofs"] or next((o["roofs"] for o in sorted(rows, key=lambda o: (
+            o["target"] != r["target"], o["threads"] != r["threads"])) if o["roofs"]), None)
     return rows
 
 
@@ -144,6 +143,12 @@ def fit(t1: dict[int, float], t2: dict[int, float]) -> dict:
     return {"o": max(float(o), 0.0), "m": max(float(m), 0.0), "k": max(float(k), 0.0)}
 
 
+def not_sharing(t1: dict[int, float], t2: dict[int, float]) -> list[int]:
+    """The sizes ``n`` at which 2 threads were no faster than 1: where the model's premise (threads share a
+    forward's work) fails on this box and :func:`fit` would only clip negative terms; empty where it holds."""
+    return [n for n in sorted(set(t1) & set(t2)) if t2[n] >= t1[n]]
+
+
 def predict(model: dict, n: int, cores: int, c_mem: int = C_MEM) -> float:
     """``T(n)`` in ms on ``cores`` cores under the fitted model."""
     return model["o"] + model["m"] / min(cores, c_mem) + model["k"] * n / cores
@@ -153,13 +158,20 @@ def cores_table(rows: list[dict], mat: float, n_verified: float, cores=(1, 2, 8,
                 measured: dict[str, dict] | None = None) -> str | None:
     """Predicted decode tokens/s per row that has 1- and 2-thread measurements: greedy (``1 / T(1)``) and a drafter
     at ``mat`` tokens per forward verifying ``n_verified`` tokens (``mat / T(n_verified)``); a target in ``measured``
-    (:func:`measured_acceptance`) takes its own ``mat`` / ``verified``."""
+    (:func:`measured_acceptance`) takes its own ``mat`` / ``verified``. A row whose 2-thread forward was no faster
+    than its 1-thread one at some size (:func:`not_sharing`) is not predicted: it says at which sizes."""
     by = {}
     for r in rows:
         by.setdefault((r["target"], r["engine"], r["format"]), {})[r["threads"]] = r["T"]
     table = []
     for (target, engine, fmt), per in sorted(by.items()):
         if 1 not in per or 2 not in per:
+            continue
+        slower = not_sharing(per[1], per[2])
+        if slower:
+            why = (f"not predicted: 2 threads no faster than 1 at n = {', '.join(map(str, slower))} "
+                   f"(T(1) {per[1][1]:.1f} ms at 1 thread, {per[2][1]:.1f} at 2)")
+            table.append([target, engine, fmt, "-", "-", "-", why, *[""] * (len(cores) - 1)])
             continue
         model = fit(per[1], per[2])
         acc = (measured or {}).get(target) or {"mat": mat, "verified": n_verified}
@@ -182,8 +194,10 @@ def render(folder: Path, mat: float, n_verified: float) -> str:
             *(f"T({n}) ms" for n in SHOWN[1:]), "ms / extra token", "compute roof ms / token",
             "greedy / drafted tok/s"]
     table = [roof_row(r, measured.get(r["target"])) for r in sorted(rows, key=lambda r: (r["target"], r["threads"]))]
-    out = [f"CPU: {rows[0]['cpu']}; roofs (torch, per thread count): "
-           + "; ".join(f"{r['threads']} threads {r['roofs']}" for r in {r['threads']: r for r in rows}.values()),
+    measured_roofs = {r["source"]: r for r in rows if r["engine"] == "vllm"}
+    out = [f"CPU: {rows[0]['cpu']}; roofs (torch, measured by each vLLM run; a llama.cpp row takes those of the "
+           "vLLM run of its target and threads): "
+           + "; ".join(f"`{src}` ({r['threads']} threads) {r['roofs']}" for src, r in sorted(measured_roofs.items())),
            "", md_table(head, table, align="lllr" + "r" * (len(head) - 4)), "", acceptance_note(measured)]
     out += [f"Not measured (the engine failed): {f}" for f in failures(folder)]
     cores = cores_table(rows, mat, n_verified, measured=measured)

@@ -96,3 +96,30 @@ def test_a_format_the_engine_could_not_run_is_named_not_measured(tmp_path):
     assert [r["format"] for r in roofline.load(tmp_path)] == ["w8a8"]
     text = roofline.render(tmp_path, 4.0, 8)
     assert "Not measured (the engine failed): m vllm w4a16-rtn (2 threads): exit 1: ValueError: no CPU kernel" in text
+
+
+def test_a_row_whose_second_thread_does_not_help_is_not_predicted(tmp_path):
+    one = {1: 60.0, 2: 61.0, 4: 62.0, 8: 65.0, 16: 70.0, 32: 80.0}               # vLLM bf16 on the KVM Xeon
+    two = {1: 140.0, 2: 130.0, 4: 130.0, 8: 60.0, 16: 137.0, 32: 195.0}
+    assert roofline.not_sharing(one, two) == [1, 2, 4, 16, 32]
+    assert roofline.not_sharing(_times(5.0, 60.0, 8.0, 1), _times(5.0, 60.0, 8.0, 2)) == []
+    vllm_row = {"engine": "vllm", "format": "bf16", "weight_bytes": 500_000_000, "matmul_params": 1_000_000_000}
+    for c, t in ((1, one), (2, two)):
+        _write(tmp_path, "vllm", c, t, vllm_row)
+    line = next(ln for ln in roofline.render(tmp_path, 4.0, 8).splitlines() if ln.startswith("| m | vllm | bf16 | - |"))
+    assert "not predicted: 2 threads no faster than 1 at n = 1, 2, 4, 16, 32 (T(1) 60.0 ms at 1 thread, 140.0 at 2)" \
+        in line
+
+
+def test_each_row_keeps_the_roofs_its_own_run_measured(tmp_path):
+    row = {"engine": "vllm", "format": "bf16", "weight_bytes": 500_000_000, "matmul_params": 1_000_000_000}
+    _write(tmp_path, "vllm", 2, _times(10.0, 40.0, 1.0, 2), row)                    # 10 GB/s: roof 50 ms
+    later = {"target": "m", "threads": 2, "cpu": "Test CPU", "roofs": {"mem_read_gbs": 20.0},
+             "rows": [{**row, "format": "w4a16-rtn", "T_ms": {str(n): 5.0 for n in SIZES}}]}
+    (tmp_path / "substrate_vllm_m_w4a16_t2.json").write_text(json.dumps(later))     # another day: 20 GB/s
+    _write(tmp_path, "llama.cpp", 2, _times(2.0, 30.0, 6.0, 2), {"weights": "Q4_0", "bytes": 400_000_000})
+    by = {r["format"]: r["roofs"]["mem_read_gbs"] for r in roofline.load(tmp_path)}
+    assert by == {"bf16": 10.0, "w4a16-rtn": 20.0, "Q4_0": 10.0}      # llama.cpp: its target's and threads' first
+    text = roofline.render(tmp_path, 4.0, 8)
+    assert "`substrate_vllm_m_t2.json` (2 threads) {'mem_read_gbs': 10.0" in text
+    assert "`substrate_vllm_m_w4a16_t2.json` (2 threads) {'mem_read_gbs': 20.0}" in text
