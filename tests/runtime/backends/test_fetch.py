@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -162,3 +163,11 @@ def test_cli_list(tmp_path, capsys):
     assert all(line.split()[1] == "-" for line in lines)
     with pytest.raises(SystemExit):
         parser.parse_args(["fetch", "not-a-model"])
+
+
+def test_convert_without_gguf_names_the_package(tmp_path, monkeypatch):
+    # a venv without gguf (vLLM's CPU build brings none) must say what to install, not fail deep in transformers
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    with pytest.raises(RuntimeError, match=r"x\.gguf needs the gguf package.*pip install 'gguf>=0\.17'"):
+        fetch.convert_gguf(tmp_path / "x.gguf", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.partial").exists()
