@@ -37,11 +37,20 @@ the request's own trials::
 
     p_all     = (accepted_all + 2 * prior) / (trials_all + 2)      prior = the drafter's at depth 1, else the p_all one
     p_request = (accepted_req + W * p_all) / (trials_req + W)          W = request_weight (8 trials)
-    p_plan    = min(1, p_request + C * sqrt(p_request * (1 - p_request) / (trials_all + 1)))   C = exploration
+    p_plan    = min(1, p_request + C * sqrt(p_request * (1 - p_request) / (trials_all + 1))
+                       + R * sqrt(ln(1 + idle / S) / (trials_all + 1)))      C = exploration, R = revisit
 
 The last line is optimism under uncertainty: a cell with few trials is planned with more than its mean, so
 every drafter gets tried (a cell never tried counts as 0.75), and the bonus fades as trials accumulate; a drafter
 whose drafts keep failing is planned at ~1.5 / trials and stops getting nodes once that is below what a node costs.
+Its last term keeps that from being forever: ``idle`` counts the engine's steps since the drafter's last trial
+beyond the first ``S`` (:meth:`AcceptanceStats.record_speed` ticks the clock; ``S`` = ``revisit_steps``, 20:
+a drafter tried now and then plans as without the term), so a drafter written off
+by early failures -- on a CPU where one extra node costs 0.7 of a step -- is tried again: after ~100 idle steps
+when 2 trials failed, ~3,000 when 4 did, ~10x longer after each further failure (a UCB-style revisit: the price
+is a node now and then; the chain proposer inside vLLM does not tick the clock, its verification is nearly free).
+A drafter that classes its proposals keeps one class's failures from writing off another (the schema drafter's
+``open`` guesses, before a call's body, from its ``call`` ones, inside it).
 
 Worked example: a drafter proposes ``[[7, 3], [5]]`` after root 9, with ``q`` = 0.8 at depth 1 and 0.9 at depth 2
 for rank 0 and 0.3 for rank 1: node probabilities ``7: 0.8, 3: 0.72, 5: 0.3``. With ``p_tie = 0`` (fp32) and
@@ -232,11 +241,17 @@ class AcceptanceStats:
         exploration: ``C``, the weight of the uncertainty bonus (0 = plan with the mean).
         max_trials: per cell, the across-requests counts are scaled down to this many trials, so old requests
             fade (the estimate follows a drafter whose usefulness changes).
+        revisit: ``R``, the weight of the bonus for steps without a trial; revisit_steps: ``S``, its time scale.
     """
 
-    def __init__(self, request_weight: float = 8.0, exploration: float = 0.5, max_trials: float = 1000.0):
+    def __init__(self, request_weight: float = 8.0, exploration: float = 0.5, max_trials: float = 1000.0,
+                 revisit: float = 0.5, revisit_steps: float = 20.0):
         self.request_weight = request_weight
         self.exploration = exploration
+        self.revisit = revisit
+        self.revisit_steps = revisit_steps
+        self._clock = 0                          # steps seen (record_speed)
+        self._last_trial: dict[str, int] = {}     # drafter label -> the clock at its last trial
         self.max_trials = max_trials
         self._all: dict[str, list[list[list[float]]]] = {}      # name -> [rank][depth] -> [trials, accepted]
         self._request: dict[str, list[list[list[float]]]] = {}
@@ -276,7 +291,9 @@ class AcceptanceStats:
     def plan_probability(self, drafter: str, rank: int, depth: int) -> float:
         """The probability the policy plans with: ``p_request`` plus the uncertainty bonus (``p_plan``)."""
         p, trials = self._estimate(drafter, rank, depth)
-        return min(1.0, p + self.exploration * math.sqrt(p * (1.0 - p) / (trials + 1.0)))
+        idle = max(0.0, self._clock - self._last_trial.get(drafter, self._clock) - self.revisit_steps)
+        return min(1.0, p + self.exploration * math.sqrt(p * (1.0 - p) / (trials + 1.0))
+                   + self.revisit * math.sqrt(math.log1p(idle / self.revisit_steps) / (trials + 1.0)))
 
     def _estimate(self, drafter: str, rank: int, depth: int) -> tuple[float, float]:
         """``(p_request, trials_all)`` of one cell."""
@@ -299,6 +316,8 @@ class AcceptanceStats:
     def record(self, drafter: str, rank: int, trials: int, accepted: int) -> None:
         """Count positions ``1..trials`` of one proposal as trials and ``1..accepted`` as accepted."""
         r = rank_bucket(rank)
+        if trials > 0:
+            self._last_trial[drafter] = self._clock
         for level in (self._all, self._request):
             cells = level.setdefault(drafter, self._cells())[r]
             for depth in range(1, trials + 1):
@@ -343,6 +362,7 @@ class AcceptanceStats:
         (``planned_tokens`` of the last :func:`plan_tree`, or 1 for a root-only step, in ``planned_seconds`` =
         ``T(num_nodes)``). The engine leaves out tree steps that stopped at a near-tie at their root: the plan
         prices those with :meth:`root_tie_rate`, so counting them here too would charge them twice."""
+        self._clock += 1
         kind = "tree" if num_nodes > 1 else "root"
         planned = self.planned_tokens if num_nodes > 1 else 1.0
         cell = self._speed[kind]

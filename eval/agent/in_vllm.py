@@ -64,6 +64,7 @@ from ooospec.eval.agent.replay import (
     write_tables,
 )
 from ooospec.eval.vllm.runs import first_divergence, next_token_margins
+from ooospec.runtime.backends.hardware import vllm_dtype
 from ooospec.runtime.methods import GOLD, OOOSPEC, SIDECAR
 
 WAVE_FIRST_VARIANT = "wave-first"
@@ -403,8 +404,8 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("--engine vllm (and the sidecar's wave, either engine)")
     g.add_argument("--variants", default=",".join(VLLM_VARIANTS),
                    help=f"comma-separated, from {', '.join(VLLM_VARIANTS)} (see eval/agent/in_vllm.py)")
-    g.add_argument("--vllm-dtype", default="bfloat16", help="the target's dtype in vLLM (float32 on a CPU without "
-                                                             "native bf16)")
+    g.add_argument("--vllm-dtype", default="auto", type=vllm_dtype,
+                   help="the target's dtype in vLLM (auto: float32 on a CPU without native bf16, else bfloat16)")
     g.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the proposer")
     g.add_argument("--tie-margin", type=float, default=0.25,
                    help="a turn that differs from the reference where the top-2 logprob margin is at most this is a "

@@ -25,6 +25,7 @@ from ooospec.reporting import md_table
 HEAD = ["target", "benchmark", "weights", "n", "llama.cpp s", "vLLM plain s", "toolspec s", "toolspec x llama.cpp",
         "toolspec x plain", "#MAT", "identical / near ties / defects", "function", "arguments", "whole call"]
 PLD = "llama.cpp-pld"
+TOOLSPEC = "toolspec"
 
 
 def _quality_cells(rows: list[dict], gold: dict) -> list[str]:
@@ -49,25 +50,37 @@ def _mean_s(rows: list[dict]) -> float:
 
 
 def llamacpp_rows(path: Path, target: str, bench: str, gold: dict) -> list[list]:
-    """The llama.cpp cell's rows: its greedy, and its prompt-lookup speculation where the cell ran it (against
-    greedy on the same requests: seconds ratio, identical tokens, mean tokens per forward)."""
+    """The llama.cpp cell's rows: its greedy, its prompt-lookup speculation where the cell ran it (against greedy on
+    the same requests: seconds ratio, identical tokens, mean tokens per forward), and ``toolspec`` on ooo-spec's own
+    llama.cpp backend where it ran (against llama.cpp greedy's seconds; identical / near ties / defects against
+    ooo-spec's greedy ``ar`` on that backend, the bench's own classification)."""
     greedy = rows_of(path, "llama.cpp")
-    out = [[target, bench, "Q4_K_M GGUF (llama.cpp greedy)", len(greedy), f"{_mean_s(greedy):.3f}", "", "", "", "",
+    base = _mean_s(greedy)
+    out = [[target, bench, "Q4_K_M GGUF (llama.cpp greedy)", len(greedy), f"{base:.3f}", "", "", "", "",
             "", "", *_quality_cells(greedy, gold)]]
-    summary = json.loads(path.read_text()).get("methods", {}).get(PLD)
-    if summary is not None:
+    methods = json.loads(path.read_text()).get("methods", {})
+    if PLD in methods:
         pld = rows_of(path, PLD)
         ref = {r["id"]: r["tokens"] for r in greedy}
-        same, mat = sum(r["tokens"] == ref.get(r["id"]) for r in pld), summary["mat"]
-        out.append([target, bench, "Q4_K_M GGUF (llama.cpp prompt lookup)", len(pld), f"{_mean_s(greedy):.3f}", "",
-                    f"{_mean_s(pld):.3f}", "-", f"{_mean_s(greedy) / _mean_s(pld):.2f}x", f"{mat:.2f}",
+        same, mat = sum(r["tokens"] == ref.get(r["id"]) for r in pld), methods[PLD]["mat"]
+        out.append([target, bench, "Q4_K_M GGUF (llama.cpp prompt lookup)", len(pld), f"{base:.3f}", "",
+                    f"{_mean_s(pld):.3f}", "-", f"{base / _mean_s(pld):.2f}x", f"{mat:.2f}",
                     f"{same}/{len(pld)} identical to greedy", *_quality_cells(pld, gold)])
+    if TOOLSPEC in methods and "ar" in methods:
+        spec, s = rows_of(path, TOOLSPEC), methods[TOOLSPEC]
+        mean = _mean_s(spec)
+        out.append([target, bench, "Q4_K_M GGUF (toolspec on ooo-spec's llama.cpp backend; x plain: its greedy)",
+                    len(spec), f"{base:.3f}", f"{_mean_s(rows_of(path, 'ar')):.3f}", f"{mean:.3f}",
+                    f"**{base / mean:.2f}x**", f"{_mean_s(rows_of(path, 'ar')) / mean:.2f}x", f"{s['mat']:.2f}",
+                    f"{round(s['exact_rate'] * len(spec))}/{len(spec)} / {s['near_ties']} / {s['defects']}",
+                    *_quality_cells(spec, gold)])
     return out
 
 
 def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
     table, golds, llama_done = [], {}, set()
-    for fmt, target, bench, data in sorted(cells(folder), key=lambda c: (c[1], c[2], c[0] != "bf16", c[0])):
+    dense_first = lambda c: (c[1], c[2], c[0] not in ("bf16", "fp32"), c[0])      # per target and benchmark
+    for fmt, target, bench, data in sorted(cells(folder), key=dense_first):
         gold = golds.setdefault(bench, gold_calls(bench, benchmark_dir))
         llama_path = folder / f"{target}_{bench}.llamacpp.json"
         if (target, bench) not in llama_done and llama_path.is_file():

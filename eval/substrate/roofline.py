@@ -32,7 +32,8 @@ from ooospec.reporting import md_table
 
 SHOWN = (1, 2, 4, 8, 16)
 C_MEM = 8          # cores at which a socket's memory bandwidth stops growing (typical of 8-12 channel servers)
-RATE_OF = {("vllm", "bf16"): "bf16_gops", ("vllm", "w8a8"): "int8_gops", ("vllm", "w8a8-rtn"): "int8_gops",
+RATE_OF = {("vllm", "bf16"): "bf16_gops", ("vllm", "fp32"): "fp32_gops", ("vllm", "w8a8"): "int8_gops",
+           ("vllm", "w8a8-rtn"): "int8_gops",
            ("vllm", "w4a16"): "bf16_gops", ("vllm", "w4a16-rtn"): "bf16_gops", ("llama.cpp", None): "int8_gops"}
 _NAME = re.compile(r"substrate_(vllm|llamacpp)_(?P<target>.+?)(?:_t(?P<threads>\d+))?\.json$")
 
@@ -53,7 +54,7 @@ def load(folder: Path) -> list[dict]:
             rows.append({"engine": engine, "target": data["target"], "threads": threads, "cpu": data["cpu"],
                          "format": r.get("format") or r.get("weights"), "bytes": r.get("weight_bytes", r.get("bytes")),
                          "params": r.get("matmul_params"), "T": {int(k): v for k, v in r["T_ms"].items()},
-                         "source": path.name, "roofs": data.get("roofs")})
+                         "source": path.name, "roofs": data.get("roofs"), "dtype": r.get("dtype")})
     for r in rows:       # llama.cpp rows take the params and roofs of a vLLM run (same target and threads first)
         r["params"] = r["params"] or next((o["params"] for o in rows if o["target"] == r["target"]
                                            and o["params"]), None)
@@ -72,7 +73,7 @@ def failures(folder: Path) -> list[str]:
             if r.get("error"):
                 lines = [ln.strip() for ln in r["error"].splitlines() if ln.strip()]
                 out.append(f"{data['target']} {r.get('engine', 'llama.cpp')} {r.get('format')} "
-                           f"({data.get('threads')} threads): {lines[0].split(':')[0]}: {lines[-1]}")
+                           f"({data.get('threads')} threads): {lines[0].split(':')[0]}: {r.get('cause') or lines[-1]}")
     return out
 
 
@@ -125,6 +126,10 @@ def roof_row(r: dict, acceptance: dict | None = None) -> list:
     t, roofs = r["T"], r["roofs"] or {}
     mem = r["bytes"] / (roofs["mem_read_gbs"] * 1e9) * 1e3 if roofs.get("mem_read_gbs") and r["bytes"] else None
     key = RATE_OF.get((r["engine"], r["format"]), RATE_OF.get((r["engine"], None)))
+    if key == "bf16_gops" and r.get("dtype") == "float32":     # int4 weights, fp32 activations (no native bf16)
+        key = "fp32_gops"
+    if key == "int8_gops" and (roofs.get(key) or 0) < (roofs.get("fp32_gops") or 0):
+        key = "fp32_gops"      # torch has no fast int8 matmul on this CPU (AVX2: no VNNI): fp32 is the better bound
     rate = roofs.get(key) if key else None
     compute = 2 * r["params"] / (rate * 1e9) * 1e3 if rate and r["params"] else None
     return [r["target"], r["engine"], r["format"], r["threads"], f"{r['bytes'] / 1e6:.0f}" if r["bytes"] else "-",

@@ -3,7 +3,7 @@
 # llama.cpp's greedy on the registry's Q4_K_M GGUF? Per target and benchmark, on the same 30 requests, 2 threads,
 # one run at a time, toolbox warm (WARM=0: cold): llama.cpp greedy and the bindings' prompt-lookup speculation
 # (`ooospec bench`, main venv; LLAMACPP_METHODS), then vLLM plain +
-# toolspec on each weight format (bf16 and the SCHEMES, `ooospec vllm-bench`, .venv-vllm); then what a forward costs
+# toolspec on each weight format (the dense weights and the SCHEMES, `ooospec vllm-bench`, .venv-vllm); then what a forward costs
 # per format at 2 and 1 threads (vllm_substrate, substrate) and the roofline table. Resumable: a finished cell is
 # skipped. Needs .venv (llama.cpp), .venv-vllm (eval/vllm/setup_cpu.sh), .venv-quant (eval/vllm/setup_quant.sh).
 #   bash eval/vllm/cpu_quantized.sh && .venv/bin/python -m ooospec.eval.substrate.roofline eval/reports/cpu/quantized/<cpu>
@@ -15,15 +15,17 @@ OUT=${OUT:-eval/reports/cpu/quantized/$CPU_TAG}
 TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
 SCHEMES=${SCHEMES:-w8a8}
-FORMATS=${FORMATS-"$SCHEMES bf16"}
-SUBSTRATE=${SUBSTRATE-"bf16,w8a8-rtn,w4a16-rtn"}   # formats timed per forward (same format, same cost: RTN)
+# the dense weights in the dtype vLLM runs here: bf16 where the CPU multiplies it natively, fp32 where not
+DENSE=${DENSE:-$(.venv/bin/python -c "from ooospec.runtime.backends.hardware import vllm_dtype; print({'bfloat16': 'bf16'}.get(vllm_dtype('auto', cuda=False), 'fp32'))")}
+FORMATS=${FORMATS-"$SCHEMES $DENSE"}
+SUBSTRATE=${SUBSTRATE-"$DENSE,w8a8-rtn,w4a16-rtn"}   # formats timed per forward (same format, same cost: RTN)
 SUBSTRATE_THREADS=${SUBSTRATE_THREADS:-"2 1"}   # 1 and 2: the many-core model in eval/substrate/roofline.py fits on both
 LIMIT=${LIMIT:-30}
 WARM=${WARM:-1}
 WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
 METHODS=${METHODS:-vllm,toolspec}
 export LLAMACPP_METHODS=${LLAMACPP_METHODS:-llama.cpp,llama.cpp-pld}   # greedy, and the bindings' prompt lookup
-BF16_METHODS=${BF16_METHODS:-vllm}   # bf16: plain (the quality reference and what quantizing buys); add toolspec
+DENSE_METHODS=${DENSE_METHODS:-${BF16_METHODS:-vllm}}   # dense: plain (the quality reference, what quantizing buys)
 CALIBRATION=${CALIBRATION:-data/dedupe/train.jsonl}
 SAMPLES=${SAMPLES:-32}            # calibration records (GPTQ, SmoothQuant)
 [ "$WARM" = 1 ] || OUT="$OUT/cold"
@@ -43,8 +45,10 @@ for f in $FORMATS; do
       cell="$OUT/$f/${t}_${b}"
       [ -f "$cell.json" ] && continue
       mkdir -p "$OUT/$f"
-      QUANT=$([ "$f" = bf16 ] || echo "--quantized $f")
-      M=$([ "$f" = bf16 ] && echo "$BF16_METHODS" || echo "$METHODS")
+      case "$f" in
+        bf16|fp32) QUANT="--dtype $f"; M=$DENSE_METHODS ;;
+        *) QUANT="--quantized $f"; M=$METHODS ;;
+      esac
       .venv-vllm/bin/ooospec vllm-bench --target "$t" $QUANT --dataset "$b" --limit "$LIMIT" --methods "$M" \
         --threads 2 --max-new-tokens 128 $WARM_FLAG --llamacpp-bench "$OUT/${t}_${b}.llamacpp.json" --out "$cell.json"
     done
@@ -53,7 +57,7 @@ done
 [ "$WARM" = 1 ] && [ -n "$SUBSTRATE" ] || { echo QUANTIZED_DONE; exit 0; }
 for t in $TARGETS; do
   for s in $(echo "$SUBSTRATE" | tr ',' ' '); do
-    [ "$s" = bf16 ] || .venv-quant/bin/ooospec models quantize "$t" --scheme "$s" --calibration "$CALIBRATION" --samples "$SAMPLES"
+    [ "$s" = bf16 ] || [ "$s" = fp32 ] || .venv-quant/bin/ooospec models quantize "$t" --scheme "$s" --calibration "$CALIBRATION" --samples "$SAMPLES"
   done
 done
 for threads in $SUBSTRATE_THREADS; do

@@ -10,7 +10,7 @@ TARGETS=${TARGETS:-"qwen2.5-coder-0.5b qwen2.5-coder-1.5b"}
 BENCHES=${BENCHES:-"apibank-l1 bfcl-simple-python"}
 LIMIT=${LIMIT:-30}
 PORT=${PORT:-8765}
-.venv/bin/ooospec sidecar serve --port "$PORT" --threads 2 --dtype bf16 > "$OUT/sidecar_server.log" 2>&1 &
+.venv/bin/ooospec sidecar serve --port "$PORT" --threads 2 --dtype "${SIDECAR_DTYPE:-auto}" > "$OUT/sidecar_server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done

@@ -46,7 +46,7 @@ if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
   exit 1
 fi
 source eval/vllm/sidecar_server.sh
-start_sidecar "$SIDECAR_VENV/bin" "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads "$THREADS" --dtype bf16 \
+start_sidecar "$SIDECAR_VENV/bin" "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads "$THREADS" --dtype "${SIDECAR_DTYPE:-auto}" \
   --engine "$ENGINE"
 curl -sf "http://127.0.0.1:$PORT/health"; echo
 for t in $TARGETS; do

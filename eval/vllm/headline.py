@@ -31,6 +31,7 @@ README_CELLS = (
     ("eval/reports/transfer/vllm", "*.json"),                               # the transfer_vllm stage's cells
     ("eval/reports/transfer/vllm-full", "*.json"),                          # the full matrix (three families)
     ("eval/reports/cpu/quantized/xeon-amx", "w8a8*/*.json"),                # Xeon AMX, int8, warm
+    ("eval/reports/cpu/quantized/epyc-avx2", "fp32/*.json"),                # EPYC Zen 3 (AVX2 only), fp32, warm
 )
 # ... and the earlier sessions' cells (two Qwen sizes), which the transfer report's cells.md adds (--all)
 EARLIER_CELLS = (

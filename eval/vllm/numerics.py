@@ -29,6 +29,7 @@ import statistics
 from pathlib import Path
 
 from ooospec.eval.vllm.report import unresolved
+from ooospec.runtime.backends.hardware import vllm_dtype
 
 MIN_BOUND = 0.25
 
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=30,
                    help="requests skipped first (by id): the bench cells' first 30, so the bound is not fit on them")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", type=vllm_dtype, help="the target's dtype in vLLM (auto: see "
+                   "ooospec.runtime.backends.hardware.vllm_dtype)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="the numerics JSON (measure)")
     p.add_argument("--reclassify", type=Path, nargs="*", default=[], help="vllm-bench cell JSONs to count again")

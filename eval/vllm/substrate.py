@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ SIZES = (1, 2, 4, 8, 16, 32)
 CONTEXT = 384      # a multiple of vLLM's CPU block sizes, so the whole context is a cached prefix
 DECODE = 64
 ERROR_LINES = 12   # a failed format's row keeps its worker's last log lines
+_EXCEPTION = re.compile(r"(^|\]: )[\w.]*(Error|Exception|NotImplemented\w*)\b: ")
 
 
 def roofs(threads: int, repeats: int = 3) -> dict:
@@ -68,9 +70,10 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bytes_per_token(folder: Path) -> dict:
+def bytes_per_token(folder: Path, float_bytes: int | None = None) -> dict:
     """Weight bytes one decode step reads (every linear and ``lm_head``; one embedding row, so not the table) and
-    the parameters its matmuls multiply, from the checkpoint's safetensors headers."""
+    the parameters its matmuls multiply, from the checkpoint's safetensors headers. ``float_bytes``: the width vLLM
+    holds floating-point tensors at when it casts them (4 for ``float32``); None: as stored."""
     params = weight_bytes = 0
     for path in sorted(folder.glob("*.safetensors")):
         header = _header(path)
@@ -80,7 +83,8 @@ def bytes_per_token(folder: Path) -> dict:
             count = 1
             for d in meta["shape"]:
                 count *= d
-            size = count * _DTYPE_BYTES[meta["dtype"]]
+            width = _DTYPE_BYTES[meta["dtype"]]
+            size = count * (float_bytes if float_bytes and meta["dtype"] in _FLOATS else width)
             weight_bytes += size
             if name.endswith(("weight", "weight_packed")) and len(meta["shape"]) == 2:
                 params += count * (8 if name.endswith("weight_packed") else 1)   # eight int4 per int32
@@ -88,6 +92,8 @@ def bytes_per_token(folder: Path) -> dict:
 
 
 _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1, "I32": 4, "I64": 8, "F64": 8, "BOOL": 1}
+_FLOATS = ("BF16", "F16", "F32")
+_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _header(path: Path) -> dict:
@@ -96,15 +102,16 @@ def _header(path: Path) -> dict:
         return json.loads(f.read(size))
 
 
-def measure_format(folder: Path, threads: int, repeats: int, seed: int = 0) -> dict:
-    """``step_ms`` and ``T_ms`` of one checkpoint in a fresh engine (see the module docstring)."""
+def measure_format(folder: Path, threads: int, repeats: int, seed: int = 0, dtype: str = "bfloat16") -> dict:
+    """``step_ms`` and ``T_ms`` of one checkpoint in a fresh engine (see the module docstring); ``dtype``: vLLM's
+    name of what its unquantized parts (all of a dense checkpoint) compute in."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from ooospec.runtime.backends.hardware import vllm_cpu_env
 
     vllm_cpu_env(threads)
-    llm = LLM(model=str(folder), tokenizer=str(folder), dtype="bfloat16", max_model_len=2048,
+    llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, max_model_len=2048,
               enable_prefix_caching=True, max_num_seqs=1, seed=0)
     rng = random.Random(seed)
     context = [rng.randrange(1000, 30000) for _ in range(CONTEXT)]
@@ -146,9 +153,21 @@ def _in_worker(args, fmt: str) -> dict:
             rc = subprocess.run(cmd, check=False, stdout=sink, stderr=subprocess.STDOUT).returncode
         if rc == 0 and row.is_file():
             return json.loads(row.read_text())
-        tail = log.read_text(errors="replace").strip().splitlines()[-ERROR_LINES:]
+        lines = log.read_text(errors="replace").strip().splitlines()
+        tail = lines[-ERROR_LINES:]
         print(f"{args.target} {fmt}: the worker failed (exit {rc}):\n" + "\n".join(tail), file=sys.stderr)
-        return {"engine": "vllm", "format": fmt, "error": f"exit {rc}: " + "\n".join(tail)}
+        return {"engine": "vllm", "format": fmt, "error": f"exit {rc}: " + "\n".join(tail), "cause": cause(lines)}
+
+
+def cause(lines: list[str]) -> str | None:
+    """The last exception line of a worker's log (``AttributeError: ...``), without vLLM's ``[rank0]:`` prefix:
+    the tail of a torch.compile traceback is advice, not the error.
+
+    >>> cause(["[rank0]: AttributeError: no attribute 'cpu_gemm_wna16'", "[rank0]: Set TORCHDYNAMO_VERBOSE=1 ..."])
+    "AttributeError: no attribute 'cpu_gemm_wna16'"
+    """
+    found = [ln.split("]: ", 1)[-1].strip() for ln in lines if _EXCEPTION.search(ln)]
+    return found[-1] if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m ooospec.eval.vllm.substrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="registry name")
-    p.add_argument("--formats", default="bf16", help="comma-separated: bf16 and/or quantization schemes")
+    p.add_argument("--formats", default="bf16", help="comma-separated: bf16 / fp32 (the registry's dense folder in "
+                   "that dtype) and/or quantization schemes (their unquantized parts in vllm_dtype('auto'))")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, required=True, help="results JSON")
@@ -165,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # the worker: one format, its row to --out
     args = p.parse_args(argv)
     if args.one:
-        folder = target_folder(args.target, None if args.one == "bf16" else args.one, args.cache)
-        row = {"engine": "vllm", "format": args.one, "quantization": quantization_of(folder),
-               **bytes_per_token(folder), **measure_format(folder, args.threads, args.repeats)}
+        dense = args.one in hardware.VLLM_DTYPES
+        folder = target_folder(args.target, None if dense else args.one, args.cache)
+        dtype = hardware.vllm_dtype(args.one if dense else "auto")
+        row = {"engine": "vllm", "format": args.one, "dtype": dtype, "quantization": quantization_of(folder),
+               **bytes_per_token(folder, _WIDTH.get(dtype)),
+               **measure_format(folder, args.threads, args.repeats, dtype=dtype)}
         args.out.write_text(json.dumps(row))
         return 0
     import vllm

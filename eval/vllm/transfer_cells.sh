@@ -42,7 +42,7 @@ case "$CACHE" in
 esac
 source "$SCRIPTS/llamacpp_cell.sh"
 source "$SCRIPTS/sidecar_server.sh"
-start_sidecar .venv/bin "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads 2 --dtype bf16 \
+start_sidecar .venv/bin "$OUT/sidecar_server.log" "$PORT" --adapter "$ADAPTER" --threads 2 --dtype "${SIDECAR_DTYPE:-auto}" \
   --engine transformers
 vllm_bench() {   # vllm_bench TARGET BENCH CELL METHODS [--add]: the vLLM methods of one cell
   local t=$1 b=$2 cell=$3 methods=$4 add=${5:-} warmup=0

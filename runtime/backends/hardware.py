@@ -113,6 +113,30 @@ def native_bf16(flags: list[str] | set[str]) -> bool:
     return any(f in flags for f in BF16_FLAGS)
 
 
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+def vllm_dtype(dtype: str = "auto", flags: list[str] | None = None, cuda: bool | None = None) -> str:
+    """The ``dtype`` to hand vLLM: ``"auto"`` -> ``"bfloat16"`` on a GPU or a CPU that multiplies bf16 natively,
+    ``"float32"`` on a CPU without it (vLLM's CPU backend emulates bf16 there, several times slower); ``bf16`` /
+    ``fp32`` / ``fp16`` -> vLLM's names; vLLM's own names as given. ``flags`` / ``cuda`` fake a machine (tests).
+
+    >>> vllm_dtype("auto", flags=["avx2", "fma"], cuda=False), vllm_dtype("auto", flags=["amx_bf16"], cuda=False)
+    ('float32', 'bfloat16')
+    >>> vllm_dtype("bf16"), vllm_dtype("float16")
+    ('bfloat16', 'float16')
+    """
+    if dtype != "auto":
+        return VLLM_DTYPES.get(dtype, dtype)
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda:
+        return "bfloat16"
+    return "bfloat16" if native_bf16(cpu_info()["flags"] if flags is None else flags) else "float32"
+
+
 def resolve_threads(threads: int | str | None) -> tuple[int, str]:
     """``"auto"`` / None / 0 -> the cores this process may use; an int is taken as given."""
     if threads in (None, "auto", 0):

@@ -367,6 +367,13 @@ def tokens_in_context(tokenizer, committed: Sequence[int], text: str, tail: int 
     return []
 
 
+def proposal_kind(state: CallState) -> str:
+    """``open`` (before the body's ``{``), ``call`` (inside the body) or ``after`` (closed, or not a call)."""
+    if state.mode == "pre":
+        return "open"
+    return "after" if state.mode in ("done", "error") else "call"
+
+
 class SchemaFSMDrafter(Drafter):
     """ToolSpec's schema-aware drafter: grammar-forced pieces of the call, as target tokens.
 
@@ -408,11 +415,18 @@ class SchemaFSMDrafter(Drafter):
         return self.grammar.expand(self._state(text), self.max_branches, self.max_chars)
 
     def propose(self, ctx: DraftContext) -> list[list[int]]:
+        """Token continuations of the output so far, classed (``proposal_kind``) by where the output stands:
+        ``open`` before the call's body (a guess that the target calls a tool at all, and how it opens it),
+        ``call`` inside it (keys, punctuation and names the schema forces), ``after`` past it. The budget
+        estimates their acceptance apart: an answer that opens with prose must not price the call's own
+        structure as a failed guess."""
         generated = list(ctx.generated)
         text = self.tokenizer.decode(generated) if generated else ""
         committed = list(ctx.tokens)
         out: list[list[int]] = []
-        for cont in self.propose_text(text):
+        conts = self.propose_text(text)
+        self.proposal_kind = proposal_kind(self._last[1])
+        for cont in conts:
             ids = tokens_in_context(self.tokenizer, committed, cont)
             if ids and ids not in out:
                 out.append(ids)

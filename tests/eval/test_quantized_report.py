@@ -73,3 +73,20 @@ def test_the_bindings_prompt_lookup_gets_its_own_row(tmp_path):
         "Q4_K_M GGUF (llama.cpp greedy)", "Q4_K_M GGUF (llama.cpp prompt lookup)", "bfloat16"]
     assert lines[1] == ("| qwen | bench | Q4_K_M GGUF (llama.cpp prompt lookup) | 2 | 3.000 |  | 1.500 | - | 2.00x | "
                         "1.75 | 1/2 identical to greedy | 50% | 50% | 50% |")
+
+
+def test_toolspec_on_the_llamacpp_backend_gets_its_own_row(tmp_path):
+    bench = _benchmark_dir(tmp_path)
+    greedy = [{"method": "llama.cpp", "id": rid, "time_s": 3.0, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    ours = [{"method": "ar", "id": rid, "time_s": 3.2, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    spec = [{"method": "toolspec", "id": rid, "time_s": t, "text": GOOD, "tokens": [1, 2]} for rid, t in
+            (("a", 1.0), ("b", 1.0))]
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "qwen_bench.llamacpp.json").write_text(json.dumps(
+        {"examples": greedy + ours + spec, "methods": {"llama.cpp": {"mean_s": 3.0}, "ar": {"mean_s": 3.2},
+                                                      "toolspec": {"mat": 3.5, "exact_rate": 0.5, "near_ties": 1,
+                                                                   "defects": 0}}}))
+    rows = quantized_report.llamacpp_rows(tmp_path / "cpu" / "qwen_bench.llamacpp.json", "qwen", "bench",
+                                          quantized_report.gold_calls("bench", bench))
+    assert len(rows) == 2 and rows[1][2].startswith("Q4_K_M GGUF (toolspec on ooo-spec's llama.cpp backend")
+    assert rows[1][3:11] == [2, "3.000", "3.200", "1.000", "**3.00x**", "3.20x", "3.50", "1/2 / 1 / 0"]

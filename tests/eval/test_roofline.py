@@ -123,3 +123,19 @@ def test_each_row_keeps_the_roofs_its_own_run_measured(tmp_path):
     text = roofline.render(tmp_path, 4.0, 8)
     assert "`substrate_vllm_m_t2.json` (2 threads) {'mem_read_gbs': 10.0" in text
     assert "`substrate_vllm_m_w4a16_t2.json` (2 threads) {'mem_read_gbs': 20.0}" in text
+
+
+def test_a_failed_format_is_named_with_its_exception(tmp_path):
+    data = {"target": "m", "threads": 2, "cpu": "Test CPU", "rows": [
+        {"engine": "vllm", "format": "w4a16-rtn", "error": "exit 1: trace\n[rank0]: Set TORCHDYNAMO_VERBOSE=1",
+         "cause": "AttributeError: no attribute 'cpu_gemm_wna16'"}]}
+    (tmp_path / "substrate_vllm_m_t2.json").write_text(json.dumps(data))
+    assert roofline.failures(tmp_path) == [
+        "m vllm w4a16-rtn (2 threads): exit 1: AttributeError: no attribute 'cpu_gemm_wna16'"]
+
+
+def test_no_int8_roof_where_torch_int8_is_slower_than_fp32():
+    row = {"target": "m", "engine": "llama.cpp", "format": "Q4_K", "threads": 2, "bytes": None,
+           "params": 1_000_000_000, "T": {n: 10.0 * n for n in SIZES},
+           "roofs": {"fp32_gops": 100.0, "int8_gops": 2.0}}
+    assert roofline.roof_row(row)[12] == "20.00 (fp32)"      # 2 x 1e9 / 100e9 s, not the 2 GOPS int8 matmul

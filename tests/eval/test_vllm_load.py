@@ -13,6 +13,7 @@ import pytest
 from ooospec import cli
 from ooospec.eval.vllm import load as vl
 from ooospec.eval.vllm import runs as vllm_runs
+from ooospec.runtime.backends.hardware import vllm_dtype
 from ooospec.runtime.formats.messages import openai_messages
 
 RECORD = {"id": "r1", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
@@ -47,7 +48,7 @@ def test_defaults_and_validation():
     args = validated()
     assert args.order == ["vllm", "toolspec", "vllm-ngram"]
     assert args.levels == [1, 2, 4, 8, 16] and args.streams == [False, True]
-    assert (args.limit, args.threads, args.dtype, args.k, args.ngram_k) == (16, 2, "bfloat16", 16, 8)
+    assert (args.limit, args.threads, args.dtype, args.k, args.ngram_k) == (16, 2, vllm_dtype("auto"), 16, 8)
     assert (args.max_new_tokens, args.log_interval, args.chain_cost_slope) == (128, 2.0, 0.02)
     assert (args.prefix_caching, args.dataset, args.stream) == ("on", "apibank-l1", "both")
     assert validated("--methods", "toolspec,vllm", "--stream", "on", "--concurrency", "4,1,4").order == [
@@ -67,7 +68,7 @@ def test_bad_options_stop_with_a_message(argv, message):
 
 
 def test_server_commands_per_method():
-    args = validated("--concurrency", "1,8", "--prefix-caching", "off", "--log-interval", "3")
+    args = validated("--concurrency", "1,8", "--prefix-caching", "off", "--log-interval", "3", "--dtype", "bf16")
     plain = vl.server_command(args, "vllm", 1234)
     assert plain[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     for flag, value in (("--model", "/models/m"), ("--port", "1234"), ("--dtype", "bfloat16"),
@@ -266,7 +267,7 @@ def test_levels_compare_with_plain_at_the_same_level_and_render():
     ours = {lv["concurrency"]: lv for lv in table if lv["method"] == "toolspec"}
     assert (ours[1]["throughput_x"], ours[1]["p50_x"], ours[1]["identical"]) == (2.0, 0.5, 1.0)
     assert (ours[4]["throughput_x"], ours[4]["p50_x"], ours[4]["differ"]) == (0.5, 1.5, ["r1"])
-    args = validated("--concurrency", "1,4", "--stream", "off")
+    args = validated("--concurrency", "1,4", "--stream", "off", "--dtype", "bf16")
     results = vl.build_results(args, [{"id": "r0"}, {"id": "r1"}], runs)
     assert results["env"]["prefix_caching"] and results["env"]["concurrency"] == [1, 4]
     md = vl.render_table(results)

@@ -17,6 +17,9 @@ def test_bytes_per_token_counts_linears_and_head_not_the_embedding(tmp_path):
     got = bytes_per_token(tmp_path)
     assert got["weight_bytes"] == 16 * 8 + 16 * 4 + 8 * 2 * 4 + 100 * 8 * 2
     assert got["matmul_params"] == 16 * 8 + 8 * 2 * 8 + 100 * 8    # scales are not multiplied
+    in_fp32 = bytes_per_token(tmp_path, float_bytes=4)       # vLLM casts the float tensors to float32: 4 bytes each
+    assert in_fp32["weight_bytes"] == 16 * 8 + 16 * 4 + 8 * 2 * 4 + 100 * 8 * 4
+    assert in_fp32["matmul_params"] == got["matmul_params"]
 
 
 def test_a_format_whose_worker_fails_becomes_an_error_row(monkeypatch, capsys):
@@ -35,3 +38,14 @@ def test_a_format_whose_worker_fails_becomes_an_error_row(monkeypatch, capsys):
     assert row["format"] == "w4a16-rtn" and row["error"].startswith("exit 1: log line 9\n")
     assert row["error"].endswith("ValueError: no CPU kernel for WNA16")
     assert len(row["error"].splitlines()) == substrate.ERROR_LINES and "w4a16-rtn" in capsys.readouterr().err
+    assert row["cause"] == "ValueError: no CPU kernel for WNA16"
+
+
+def test_the_cause_is_the_exception_not_torch_compiles_advice():
+    from ooospec.eval.vllm.substrate import cause
+
+    log = ["[rank0]:   File \"cpu.py\", line 198, in apply_weights",
+           "[rank0]: AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
+           "[rank0]: Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace"]
+    assert cause(log) == "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"
+    assert cause(["all fine", "exit"]) is None

@@ -243,3 +243,37 @@ def test_a_declared_prior_gets_a_reliable_drafter_tried_where_trees_are_dear():
     primed = AcceptanceStats()
     primed.set_prior("hints/long", 0.85)
     assert plan_tree(full, proposals, primed, steep, 16, 16).num_nodes > 1
+
+
+def test_a_drafter_written_off_early_is_tried_again_and_less_often_each_time_it_fails():
+    """The trap: a few failed guesses at an answer's start (it opens with prose) price a drafter below what one
+    node costs where trees are dear (llama.cpp on 2 AVX2 cores: T(2) = 1.7 T(1)); with no trials its estimate
+    would never move again. The revisit term brings it back after idle steps, later after each failure."""
+    steep = ForwardCost.linear(0.7)
+    proposals = [Proposal("schema_fsm/call", 0, (5, 6, 7))]
+    full = candidate_tree(0, proposals, 16)
+    stats = AcceptanceStats()
+    for _ in range(4):
+        stats.record("schema_fsm/call", 0, trials=1, accepted=0)
+    stats.start_request()
+
+    def idle_until_tried(limit=50_000):
+        for step in range(limit):
+            if plan_tree(full, proposals, stats, steep, 16, 16).num_nodes > 1:
+                return step
+            stats.record_speed(1, 1, 0.03, 0.03)                      # a one-token step: the clock ticks
+        return None
+
+    first = idle_until_tried()
+    assert first is not None and 500 < first < 10_000                 # not at once, not never
+    stats.record("schema_fsm/call", 0, trials=1, accepted=0)         # tried again and failed
+    second = idle_until_tried()
+    assert second is not None and second > first                      # waits longer after each failure
+    assert AcceptanceStats(revisit=0.0).plan_probability("d", 0, 1) == AcceptanceStats().plan_probability("d", 0, 1)
+
+
+def test_without_steps_the_revisit_term_changes_nothing():
+    stats = AcceptanceStats()
+    stats.record("d", 0, trials=3, accepted=1)
+    p, trials = stats._estimate("d", 0, 1)
+    assert stats.plan_probability("d", 0, 1) == pytest.approx(p + 0.5 * math.sqrt(p * (1 - p) / (trials + 1)))

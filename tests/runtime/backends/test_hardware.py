@@ -125,3 +125,16 @@ def test_vllm_cpu_env_defaults_what_the_user_did_not_set(monkeypatch):
                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0"}
     with pytest.raises(ValueError, match="threads"):
         hardware.vllm_cpu_env(0)
+
+
+@pytest.mark.parametrize(("flags", "cuda", "expected"), [
+    (ZEN3, False, "float32"), (ZEN4, False, "bfloat16"), (SAPPHIRE_RAPIDS, False, "bfloat16"),
+    (ZEN3, True, "bfloat16")])
+def test_vllm_dtype_auto_follows_native_bf16(flags, cuda, expected, probe_calls):
+    assert hardware.vllm_dtype("auto", flags=flags, cuda=cuda) == expected
+    assert probe_calls["n"] == 0                      # vLLM's kernels are not torch's: no matmul probe decides
+
+
+def test_vllm_dtype_names():
+    assert [hardware.vllm_dtype(d) for d in ("bf16", "fp32", "fp16", "float32")] == \
+        ["bfloat16", "float32", "float16", "float32"]

@@ -192,6 +192,21 @@ def test_propose_returns_target_tokens_for_a_committed_prefix():
                                         prompt_len=len(prompt), step=5)) == []
 
 
+
+def test_proposals_are_classed_by_where_the_output_stands():
+    """Before the body, a draft guesses that the target calls a tool at all; inside it, the schema forces the
+    structure: the budget estimates them apart (``schema_fsm/open`` vs ``schema_fsm/call``)."""
+    tok = toy_bpe()
+    drafter = SchemaFSMDrafter(tok, plain_json, TOOLS)
+    prompt = tok.encode("<|im_start|>assistant\n")
+    gold = tok.encode(json.dumps(GOLD[2]))
+    kinds = []
+    for committed in ([], gold[:3], gold):
+        drafter.propose(DraftContext(tokens=prompt + committed, prompt_len=len(prompt), step=len(committed)))
+        kinds.append(drafter.proposal_kind)
+    assert kinds == ["open", "call", "after"]
+
+
 QWEN_HF = Path("~/.cache/ooospec/models/qwen2.5-coder-0.5b/hf").expanduser()
 # The tokens no draft covered (each cost a step of its own): only the argument values and where their strings end.
 UNDRAFTED = {
