@@ -66,12 +66,9 @@ def ooospec_options(method: str, sidecar_url: str | None, slope: float, wave: di
 def add_engine_arguments(p) -> None:
     """The vLLM engine options every vLLM bench takes (``p``: an argparse parser)."""
     p.add_argument("--threads", type=int, default=2, help="CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-(N-1))")
-    p.add_argument("--dtype", default="auto", type=vllm_dtype,
-                   help="the target's dtype in vLLM; auto: bfloat16 on a GPU or a CPU with native bf16 (amx_bf16 / "
-                        "avx512_bf16), float32 on one without (where vLLM emulates bf16, several times slower)")
+    p.add_argument("--dtype", default="auto", type=vllm_dtype, help="auto: float32 without native bf16, else bfloat16")
     p.add_argument("--quantized", default=None, choices=sorted(QUANT_SCHEMES), metavar="SCHEME",
-                   help="run the target's quantized checkpoint from the cache (`ooospec models quantize TARGET "
-                        f"--scheme SCHEME`; {', '.join(QUANT_SCHEMES)}) instead of its bf16 weights")
+                   help=f"a cached quantized checkpoint (`ooospec models quantize`; {', '.join(QUANT_SCHEMES)})")
     p.add_argument("--k", type=int, default=16, help="num_speculative_tokens of the ooo-spec methods")
     p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
     p.add_argument("--chain-cost-slope", type=float, default=0.02)
