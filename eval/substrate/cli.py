@@ -76,16 +76,17 @@ def requantized(src: Path, fmt: str) -> Path:
     return dst
 
 
-def forward_times(target, prompt: list[int], repeats: int, rng: random.Random) -> dict[int, float]:
+def forward_times(target, prompt: list[int], repeats: int, rng: random.Random,
+                  sizes: tuple[int, ...] = SIZES) -> dict[int, float]:
     """``{n: ms}``: the fastest of ``repeats`` timed forwards of an ``n``-node chain on top of ``prompt`` (after one
-    untimed round), interleaved across sizes."""
+    untimed round), interleaved across ``sizes``."""
     vocab = min(target.vocab_size, 32000)
     kv = target.new_kv_cache()
     kv.reset()
     kv.prefill(prompt)
-    times: dict[int, list[float]] = {n: [] for n in SIZES}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats + 1):
-        for n in SIZES:
+        for n in sizes:
             tree = chain_tree([rng.randrange(100, vocab) for _ in range(n)])
             t0 = time.perf_counter()
             kv.forward_tree(tree).argmax(dim=-1)
@@ -125,7 +126,8 @@ def prefill_and_decode(target, gguf: Path, threads: int, prompt: list[int], repe
             "decode_tok_s": {"ours": statistics.median(ours_dec), "llama.cpp": statistics.median(peer_dec)}}
 
 
-def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0, forward_only: bool = False) -> dict:
+def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0, forward_only: bool = False,
+                 sizes: tuple[int, ...] = SIZES) -> dict:
     """One row of the report: forward times, batch-shape numerics, and prefill / decode next to llama.cpp
     (``forward_only``: the forward times alone)."""
     from ooospec.runtime.backends.llamacpp import LlamaCppTarget, batch_shape_diff
@@ -135,7 +137,7 @@ def measure_file(gguf: Path, threads: int, repeats: int, seed: int = 0, forward_
     vocab = min(target.vocab_size, 32000)
     prompt = [rng.randrange(100, vocab) for _ in range(CONTEXT)]
     out: dict = {"file": gguf.name, "weights": target.weight_type, "bytes": gguf.stat().st_size}
-    out["T_ms"] = forward_times(target, prompt, repeats, rng)
+    out["T_ms"] = forward_times(target, prompt, repeats, rng, sizes)
     if forward_only:
         target.close()
         return out
@@ -154,7 +156,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         t = r["T_ms"]
         t1 = t[1] if 1 in t else t["1"]
-        rel = [f"{(t.get(n) or t[str(n)]) / t1:.2f}" for n in SIZES[1:]]
+        rel = [f"{t[n] / t1:.2f}" if n in t else f"{t[str(n)] / t1:.2f}" if str(n) in t else "-" for n in SIZES[1:]]
         flips = " (argmax flips)" if r["batch_vs_single"]["argmax_differs"] else ""
         table.append([r["file"], r["weights"], f"{t1:.1f}", *rel,
                       f"{r['prefill_tok_s']['ours']:.0f} / {r['prefill_tok_s']['llama.cpp']:.0f}",
@@ -162,6 +164,21 @@ def markdown(rows: list[dict]) -> str:
                       f"{r['decode_vs_llamacpp']:.2f}x",
                       f"{r['batch_vs_single']['max_abs_logit_diff']:.3f}{flips}"])
     return md_table(head, table, align="l" * len(head)) + "\n"
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; ``"every"`` -> the llama.cpp target's ``cost_sizes``."""
+    if text == "every":
+        from ooospec.runtime.backends.llamacpp import LlamaCppTarget
+
+        return tuple(LlamaCppTarget.cost_sizes)
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers or 'every', got {text!r}") from None
+    if not sizes or sizes[0] != 1:
+        raise argparse.ArgumentTypeError(f"sizes must include 1 (T(1) is the unit), got {text!r}")
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forward-only", action="store_true",
                    help="only T(n) (the roofline table's input), no numerics or prefill / decode rows")
     p.add_argument("--out", type=Path, required=True, help="results JSON (a .md table is written beside it)")
+    p.add_argument("--sizes", type=parse_sizes, default=SIZES,
+                   help="query lengths timed: comma-separated, or 'every' (each size up to 16, then 24, 32, 64: "
+                        "the sizes the engine's cost model times on llama.cpp, whose T(n) is step-shaped)")
     p.add_argument("--cache", default=None)
     args = p.parse_args(argv)
     threads = hardware.resolve_threads(args.threads)[0]
@@ -185,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for fmt in [f.strip() for f in args.formats.split(",") if f.strip()]:
         path = src if fmt == "registry" else requantized(src, fmt)
         print(f"measuring {path.name} ({threads} threads) ...", file=sys.stderr, flush=True)
-        rows.append(measure_file(path, threads, args.repeats, forward_only=args.forward_only))
+        rows.append(measure_file(path, threads, args.repeats, forward_only=args.forward_only, sizes=args.sizes))
     info = hardware.cpu_info()
     result = {"target": args.target, "threads": threads, "cpu": info["model"], "cpu_flags": info["flags"],
               "context": CONTEXT, "decode_tokens": DECODE, "rows": rows,

@@ -97,6 +97,10 @@ def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
         table.append([target, bench, q["scheme"] if q else data["env"]["dtype"], plain["n"],
                       f"{llama_s:.3f}" if llama_s else "-", f"{plain['mean_s']:.3f}", *timing,
                       *_quality_cells(rows_of_results(data, "vllm"), gold)])
+    for path in sorted(folder.glob("*.llamacpp.json")):           # llama.cpp cells without a vLLM cell beside them
+        target, bench = path.name[:-len(".llamacpp.json")].rsplit("_", 1)
+        if (target, bench) not in llama_done:
+            table += llamacpp_rows(path, target, bench, golds.setdefault(bench, gold_calls(bench, benchmark_dir)))
     return table
 
 
@@ -105,15 +109,24 @@ def rows_of_results(data: dict, method: str) -> list[dict]:
 
 
 def render(folder: Path, benchmark_dir: Path | None = None) -> str:
-    found = cells(folder)
-    if not found:
-        raise SystemExit(f"{folder}: no vllm-bench results in <format>/ subfolders")
-    env = found[0][3]["env"]
-    cpu = env["cpu"]
-    warm = "toolbox warm (prefix caching on)" if env.get("warm_tools") else "cold"
-    head = (f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; vLLM {env['vllm']}, "
-            f"{env['threads']} threads, batch 1, {warm}, up to {env.get('max_new_tokens')} new tokens; "
-            f"regenerate: `python -m ooospec.eval.substrate.quantized {folder}`")
+    found, llama = cells(folder), sorted(folder.glob("*.llamacpp.json"))
+    if not found and not llama:
+        raise SystemExit(f"{folder}: no vllm-bench results in <format>/ subfolders and no *.llamacpp.json cells")
+    regenerate = f"regenerate: `python -m ooospec.eval.substrate.quantized {folder}`"
+    if found:
+        env = found[0][3]["env"]
+        cpu = env["cpu"]
+        warm = "toolbox warm (prefix caching on)" if env.get("warm_tools") else "cold"
+        head = (f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; vLLM {env['vllm']}, "
+                f"{env['threads']} threads, batch 1, {warm}, up to {env.get('max_new_tokens')} new tokens; "
+                + regenerate)
+    else:                                                          # llama.cpp cells only (`ooospec bench`)
+        data = json.loads(llama[0].read_text())
+        env, config = data["env"], data["config"]
+        warm = "toolbox warm" if config.get("warm_tools") else "cold"
+        head = (f"CPU: {env['cpu']}, {env['cpu_count']} cores, flags {' '.join(env['cpu_flags'])}; llama.cpp "
+                f"(llama-cpp-python {env.get('llama_cpp')}), {env['threads']} threads, {warm}, up to "
+                f"{config.get('max_new_tokens')} new tokens; {regenerate}")
     return head + "\n\n" + md_table(HEAD, rows(folder, benchmark_dir), align="lllr" + "r" * (len(HEAD) - 4)) + "\n"
 
 

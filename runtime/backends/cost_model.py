@@ -142,6 +142,12 @@ def measure_forward_cost(
     return ForwardCost.from_measurements(sizes, [samples[n] for n in sizes], key=calibration_key(target, context))
 
 
+def cost_sizes(target: Target) -> tuple[int, ...]:
+    """The query lengths to time on ``target``: its ``cost_sizes`` where it has one (a backend whose kernels take
+    query rows in groups, so that ``T(n)`` is step-shaped between powers of two), else :data:`QUERY_SIZES`."""
+    return tuple(getattr(target, "cost_sizes", None) or QUERY_SIZES)
+
+
 def _cache_file() -> Path:
     return cache_dir() / "forward_cost.json"
 
@@ -152,19 +158,20 @@ _MEMO: dict[str, ForwardCost] = {}
 def forward_cost(target: Target, use_cache: bool = True) -> ForwardCost:
     """The target's :class:`ForwardCost` on this machine: from memory, from disk, or measured (a few seconds).
 
-    The cache key is :func:`calibration_key`; a change of model, dtype, threads, device, torch or CPU misses it.
+    The cache key is :func:`calibration_key`; a change of model, dtype, threads, device, torch or CPU misses it,
+    and so does a cached curve measured at other sizes than :func:`cost_sizes` asks for now.
     """
-    key = calibration_key(target)
+    key, sizes = calibration_key(target), cost_sizes(target)
     if use_cache and key in _MEMO:
         return _MEMO[key]
     path = _cache_file()
     table = read_json_cache(path) if use_cache else {}
-    if key in table:
+    if key in table and tuple(table[key]["sizes"]) == sizes:
         row = table[key]
         cost = ForwardCost(tuple(row["sizes"]), tuple(row["times"]), key)
     else:
         t0 = time.perf_counter()
-        cost = measure_forward_cost(target)
+        cost = measure_forward_cost(target, sizes=sizes)
         logger.info("measured the forward cost in %.1fs: %s (T(n)/T(1) for n=%s; %s)", time.perf_counter() - t0,
                     [round(cost.relative(n), 2) for n in cost.sizes], list(cost.sizes), key)
         if use_cache:

@@ -204,6 +204,9 @@ class LlamaCppTarget:
 
     backend = BACKEND
     device = torch.device("cpu")
+    # T(n) is step-shaped: llama.cpp's repacked CPU kernels multiply query rows in groups of 4 and the rest one at a
+    # time, so the forward cost is timed at every size up to 16 (cost_model.cost_sizes), not interpolated.
+    cost_sizes = (*range(1, 17), 24, 32, 64)
 
     def __init__(self, path: str | os.PathLike, *, threads: int | None = None, n_ctx: int = DEFAULT_CTX,
                  max_leaves: int = DEFAULT_MAX_LEAVES, n_batch: int = 512, lora: str | os.PathLike | None = None,
@@ -281,11 +284,10 @@ class LlamaCppTarget:
     def footprint(self) -> Footprint:
         """:class:`~ooospec.runtime.backends.cost_model.Footprint` from the GGUF's tensor table (bytes as stored:
         quantized)."""
-        from gguf import GGUFReader
-
         from ooospec.runtime.backends.cost_model import Footprint
+        from ooospec.runtime.backends.gguf_table import tensor_table
 
-        tensors = {t.name: (int(t.n_elements), int(t.n_bytes), len(t.shape)) for t in GGUFReader(self.path).tensors}
+        tensors = {t.name: (t.n_elements, t.n_bytes, t.n_dims) for t in tensor_table(self.path).values()}
         embed = tensors.get("token_embd.weight", (0, 0, 2))
         tied = "output.weight" not in tensors
         head = embed if tied else tensors["output.weight"]

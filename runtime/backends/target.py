@@ -80,6 +80,8 @@ class Target(Protocol):
 
     backend: str           # "hf" | "llama.cpp": which stock greedy decoding is its reference
     vocab_size: int        # rows of its logits; drafts outside [0, vocab_size) are dropped
+    # optional ``cost_sizes``: the query lengths its forward cost is timed at (cost_model.cost_sizes; default
+    # powers of two, where T(n) is smooth between them)
 
     @property
     def device(self) -> torch.device:

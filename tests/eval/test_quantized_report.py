@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ooospec.eval.substrate import quantized as quantized_report
 
 CALL = {"name": "f", "arguments": {"x": 1}}
@@ -90,3 +92,28 @@ def test_toolspec_on_the_llamacpp_backend_gets_its_own_row(tmp_path):
                                           quantized_report.gold_calls("bench", bench))
     assert len(rows) == 2 and rows[1][2].startswith("Q4_K_M GGUF (toolspec on ooo-spec's llama.cpp backend")
     assert rows[1][3:11] == [2, "3.000", "3.200", "1.000", "**3.00x**", "3.20x", "3.50", "1/2 / 1 / 0"]
+
+
+def test_a_folder_of_llamacpp_cells_only_renders(tmp_path):
+    """A folder holding only ``ooospec bench`` llama.cpp cells (a pricing rerun, no vLLM cells) gets its table,
+    one llama.cpp block per cell; an empty folder is a clear error."""
+    bench = _benchmark_dir(tmp_path)
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    greedy = [{"method": "llama.cpp", "id": rid, "time_s": 3.0, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    ours = [{"method": "ar", "id": rid, "time_s": 3.2, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    spec = [{"method": "toolspec", "id": rid, "time_s": 2.0, "text": GOOD, "tokens": [1, 2]} for rid in "ab"]
+    cell = {"examples": greedy + ours + spec,
+            "methods": {"llama.cpp": {"mean_s": 3.0}, "ar": {"mean_s": 3.2},
+                        "toolspec": {"mat": 2.0, "exact_rate": 1.0, "near_ties": 0, "defects": 0}},
+            "env": {"cpu": "Test CPU", "cpu_count": 2, "cpu_flags": ["avx2", "fma"], "threads": 2,
+                    "llama_cpp": "0.3.36"},
+            "config": {"warm_tools": True, "max_new_tokens": 128}}
+    (folder / "qwen-small_bench.llamacpp.json").write_text(json.dumps(cell))
+    text = quantized_report.render(folder, bench)
+    assert text.startswith("CPU: Test CPU, 2 cores, flags avx2 fma; llama.cpp (llama-cpp-python 0.3.36)")
+    assert "| qwen-small | bench | Q4_K_M GGUF (llama.cpp greedy) |" in text and "**1.50x**" in text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match=r"no \*\.llamacpp\.json cells"):
+        quantized_report.render(empty, bench)

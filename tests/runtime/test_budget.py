@@ -16,6 +16,7 @@ from ooospec.runtime.budget import (
     candidate_tree,
     choose_nodes,
     depth_bucket,
+    exclusive_siblings,
     node_probabilities,
     outcome,
     path_nodes,
@@ -40,8 +41,9 @@ def test_docstring_example():
     tree = candidate_tree(9, DOC, max_depth=16)
     assert tree.tokens == (9, 7, 3, 5)
     probs = node_probabilities(tree, DOC, [[0.8, 0.72], [0.3]])
-    assert probs == [1.0, 0.8, 0.72, 0.3]
-    assert choose_nodes(tree, probs, CHEAP, max_nodes=8) == [0, 1, 2, 3]
+    assert probs == pytest.approx([1.0, 0.8, 0.72, 0.2])   # siblings 7 and 5: 5 gets what 7 leaves
+    assert choose_nodes(tree, probs, ForwardCost.linear(0.0), max_nodes=8) == [0, 1, 2, 3]
+    assert choose_nodes(tree, probs, CHEAP, max_nodes=8) == [0, 1, 2]
     assert choose_nodes(tree, probs, STEEP, max_nodes=8) == [0, 1, 2]
     assert choose_nodes(tree, probs, CHEAP, max_nodes=1) == [0, 1]         # the cap wins over the rate
     assert subtree(tree, [0, 1, 2]).tokens == (9, 7, 3)
@@ -70,6 +72,21 @@ def test_children_are_never_chosen_without_their_parent():
         kept = choose_nodes(tree, probs, ForwardCost.linear(0.0), max_nodes=k)
         assert all(tree.parents[i] in kept for i in kept[1:])
         subtree(tree, kept)                                 # raises if a parent is missing
+
+
+def test_siblings_exclude_each_other():
+    """Two drafters offering different next tokens at 0.9 each: the position commits one of them at most, so the
+    plan counts 1.0 between them, not 1.8 (the best keeps its estimate); subtrees scale with their root; a chain is
+    left exactly as it is."""
+    props = [Proposal("a", 0, (1,)), Proposal("b", 0, (2, 3)), Proposal("c", 0, (2, 4))]
+    tree = candidate_tree(0, props, max_depth=16)          # 0 -> {1, 2 -> {3, 4}}
+    probs = node_probabilities(tree, props, [[0.9], [0.6, 0.5], [0.3, 0.1]])
+    assert tree.tokens == (0, 1, 2, 3, 4)
+    assert probs == pytest.approx([1.0, 0.9, 0.1, 0.5 / 6, 0.1 / 6])
+    assert probs[1] + probs[2] <= 1.0 + 1e-9 and probs[3] + probs[4] <= probs[2] + 1e-9
+    chain = [Proposal("a", 0, (5, 6, 7))]
+    assert node_probabilities(candidate_tree(0, chain, 16), chain, [[0.8, 0.6, 0.3]]) == [1.0, 0.8, 0.6, 0.3]
+    assert exclusive_siblings(candidate_tree(0, chain, 16), [1.0, 0.8, 0.9, 0.3]) == [1.0, 0.8, 0.8, 0.3 * 0.8 / 0.9]
 
 
 def test_max_depth_cuts_proposals():

@@ -54,11 +54,12 @@ def counted(monkeypatch, tmp_path):
     calls = []
     real = cost_model.measure_forward_cost
 
-    def measure(target, **kw):
+    def measure(target, sizes, **kw):
         calls.append(cost_model.calibration_key(target))
-        return real(target, sizes=(1, 4), context=16, repeats=1)
+        return real(target, sizes=sizes, context=16, repeats=1)
 
     monkeypatch.setattr(cost_model, "measure_forward_cost", measure)
+    monkeypatch.setattr(cost_model, "QUERY_SIZES", (1, 4))
     return calls
 
 
@@ -101,3 +102,15 @@ def test_footprint_counts(make_model):
     assert fp.num_layers == 2 and fp.attn_dim == 32
     all_bytes = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
     assert fp.weight_bytes == all_bytes - (0 if tied else 300 * 32 * 4)
+
+
+def test_a_target_names_its_own_sizes_and_other_sizes_measure_again(make_model, counted):
+    """A backend with step-shaped T(n) (llama.cpp's grouped kernels) asks for every size; a curve cached at other
+    sizes is measured again rather than interpolated."""
+    target = HFTarget(make_model("llama"))
+    assert cost_model.forward_cost(target).sizes == (1, 4) and len(counted) == 1
+    target.cost_sizes = (1, 2, 3, 4)
+    cost_model._MEMO.clear()
+    assert cost_model.forward_cost(target).sizes == (1, 2, 3, 4) and len(counted) == 2
+    cost_model._MEMO.clear()
+    assert cost_model.forward_cost(target).sizes == (1, 2, 3, 4) and len(counted) == 2   # now cached at these
