@@ -178,7 +178,7 @@ def exclusive_siblings(tree: DraftTree, probs: Sequence[float]) -> list[float]:
         for k in sorted(tree.children[node].values(), key=lambda k: (-probs[k], k)):
             take = min(probs[k], left)
             left -= take
-            out[k] = take * ratio if take < probs[k] or ratio != 1.0 else probs[k]
+            out[k] = take * ratio                           # exact where untouched: take == probs[k], ratio 1.0
     return out
 
 
