@@ -295,11 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             tmp = path.with_name(path.name + ".partial")
             tmp.write_text(json.dumps(cell, indent=1))
             tmp.replace(path)
-            table = path.with_name(path.name + ".md")       # the cell's own table, as vllm-bench wrote it
-            if table.exists():
-                from ooospec.eval.vllm.report import render_table
+            # the cell's own table, as vllm-bench wrote it: CELL.md, or CELL.json.md for a cell written via .partial
+            for table in {path.with_suffix(".md"), path.with_name(path.name + ".md")}:
+                if table.exists():
+                    from ooospec.eval.vllm.report import render_table
 
-                table.write_text(render_table(cell) + "\n", encoding="utf-8")
+                    table.write_text(render_table(cell) + "\n", encoding="utf-8")
             print(f"{path}: bound {bound:.3f}: " + ", ".join(
                 f"{m} {s['near_ties']} near ties / {s['defects']} defects" for m, s in cell["methods"].items()
                 if "near_ties" in s and m != "vllm"))
