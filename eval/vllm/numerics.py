@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         for stored in (json.loads(p.read_text()) for p in args.probe):
             if how := probe_near_tie(stored, bound):
                 flips[(stored["record"], stored["result"]["position"])] = (stored.get("method"), how)
+        from ooospec.eval.vllm.report import render_table
+
         for path in args.reclassify:
             cell = reclassify(json.loads(path.read_text()), bound, str(args.bound_from), flips)
             tmp = path.with_name(path.name + ".partial")
@@ -298,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
             # the cell's own table, as vllm-bench wrote it: CELL.md, or CELL.json.md for a cell written via .partial
             for table in {path.with_suffix(".md"), path.with_name(path.name + ".md")}:
                 if table.exists():
-                    from ooospec.eval.vllm.report import render_table
-
                     table.write_text(render_table(cell) + "\n", encoding="utf-8")
             print(f"{path}: bound {bound:.3f}: " + ", ".join(
                 f"{m} {s['near_ties']} near ties / {s['defects']} defects" for m, s in cell["methods"].items()
