@@ -19,8 +19,9 @@ every request; the engine is dropped before the next method. Per request: wall t
 tokens, tokens accepted (vLLM's spec-decode counters), target forwards ``= new - accepted``, #MAT, and whether the
 tokens equal the ``vllm`` row's. A mismatch is classified from vLLM's own top-2 logprob margin at the first
 divergence (an untimed re-run of ``vllm`` with logprobs, on a fresh engine, of the requests some method parted
-from it; none when all matched): ``near_tie`` at or under ``--tie-margin``, else ``defect``. ``--llamacpp-bench``
-joins an ``ooospec bench`` JSON of the same requests (its ``llama.cpp`` rows:
+from it; none when all matched): ``near_tie`` at or under ``--tie-margin``, else ``defect``; ``unclassified`` where
+no margin is known there (the re-run parted from the timed run before it: ``numerics --probe-cells`` decides it).
+``--llamacpp-bench`` joins an ``ooospec bench`` JSON of the same requests (its ``llama.cpp`` rows:
 llama-cpp-python's greedy on the target's GGUF) by record id. The engine runs are :mod:`ooospec.eval.vllm.runs`
 (each method in a fresh process, :func:`run_worker`); the tables :mod:`ooospec.eval.vllm.report`.
 
@@ -77,7 +78,8 @@ def compare(rows: list[dict], reference: dict[str, dict], tie_margin: float) -> 
             margins = ref.get("margins") or []
             margin = margins[pos] if pos < len(margins) else None
             near = margin is not None and margin <= tie_margin and pos < min(len(ref["tokens"]), len(row["tokens"]))
-            kind = "near_tie" if near else "defect" if margins else "unclassified"   # served runs keep no margins
+            # no margin there: served runs keep none, and the untimed re-run may part from the timed run earlier
+            kind = "near_tie" if near else "defect" if margin is not None else "unclassified"
             row["mismatch"] = {"position": pos, "margin": margin, "kind": kind}
 
 

@@ -5,7 +5,7 @@
   class vLLM builds (``speculative_config.model = "ooospec.runtime.vllm.OoOSpecProposer"``).
 * :mod:`~ooospec.runtime.vllm.options`: the proposer's knobs (``additional_config["ooospec"]``).
 * :mod:`~ooospec.runtime.vllm.step_cost` and :mod:`~ooospec.runtime.vllm.draft_switch`: what a step costs by the
-  tokens it verifies (the chain price), and whether drafting pays at all at this batch (measured both ways).
+  rows and drafts it verifies (the chain price), and whether drafting pays at all at this batch (measured both ways).
 * :mod:`~ooospec.runtime.vllm.xargs`: a request's ``extra_args``, checked and bounded before anything is built.
 * :mod:`~ooospec.runtime.vllm.plugin`: the ``vllm.general_plugins`` entry point that hands the proposer request ids
   and ``extra_args``, and records chat requests in the call log when ``OOOSPEC_CALL_LOG`` is set.

@@ -1,6 +1,6 @@
 """Whether to draft at all at this batch size, chosen by the throughput the engine measured both ways.
 
-The chain price (:mod:`~.step_cost`) sees the engine's forward only, fit linear in the tokens verified. Under load
+The chain price (:mod:`~.step_cost`) sees the engine's forward only, fit linear in the rows and drafts. Under load
 two costs escape it: the proposer's own CPU time, which grows with the batch and runs on the cores the engine needs,
 and kernels whose cost jumps with the rows of a batch (an int8 GEMM on AMX tiles of 16 rows). Measured on 2 Xeon
 AMX cores, 0.5B target with int8 weights, 16 concurrent requests: chains priced at 0.45 one-token forwards per

@@ -36,9 +36,10 @@ class ProposerConfig:
             learn from outcomes (no per-step timings reach the proposer): it decides from the prior.
         chain_cost_slope: ``T(n) = 1 + slope * (n - 1)`` one-token forwards (:class:`~.chain.ChainCost`); with
             ``chain_pricing="batch"`` the prior until the engine's own steps are fit.
-        chain_pricing: ``batch`` (default): each request's chain priced at ``slope * B`` in a batch of ``B``
-            decoding requests, ``slope`` learnt from the engine's steps (:mod:`~.step_cost`: under load chains
-            shorten, and stop where drafts no longer pay); ``fixed``: ``chain_cost_slope`` whatever the batch.
+        chain_pricing: ``batch`` (default): each request's chain priced at ``b_draft * B / (a + b_row * B)`` in
+            a batch of ``B`` decoding requests, the step cost ``a + b_row * rows + b_draft * drafts`` learnt from
+            the engine's steps (:mod:`~.step_cost`: under load chains shorten, and stop where drafts no longer
+            pay; ``chain_cost_slope * B`` until then); ``fixed``: ``chain_cost_slope`` whatever the batch.
         draft_switch: at batches of ``draft_switch_min_batch`` and more, draft only where whole steps (the
             proposer's time and the engine's) commit more tokens per second drafting than not, both measured
             (:mod:`~.draft_switch`); False: always draft.

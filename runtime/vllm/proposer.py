@@ -303,6 +303,7 @@ class ChainProposer:
         if state.steps == 0:
             state.history.acceptance.start_request()
         state.proposals = collect_proposals(state.drafters, ctx, self.vocab_size, self.faults)
+        state.history.acceptance.bonus_scale = 1.0 / max(self.batch, 1)   # exploring costs the whole batch
         state.chain = choose_chain(state.tokens[-1], state.proposals, state.history.acceptance, self.chain_cost(),
                                    min(self.max_len, room))
         state.steps += 1
@@ -354,7 +355,7 @@ class ChainProposer:
         fit = self.step_cost.fit()
         pricing = {"mode": self.config.chain_pricing, "batch": self.batch, "slope": round(self.step_cost.slope(), 5),
                    "price": round(self.chain_cost().slope, 5), "steps_timed": len(self.step_cost.samples),
-                   "fit_s": None if fit is None else [round(fit[0], 6), round(fit[1], 6)]}
+                   "fit_s": None if fit is None else [round(x, 6) for x in fit]}   # a, b_row, b_draft
         return {"totals": dict(self.totals), "live": len(self.requests), "drafters": drafters,
                 "window": self.window.summary(), "pricing": pricing, "faults": dict(sorted(self.faults.items())),
                 "switch": self.switch.summary() if self.switch is not None else None}
@@ -428,7 +429,7 @@ class OoOSpecProposer:
             room = self.max_model_len - n - 1
             tokens = token_ids_cpu[i, :n].tolist()
             out.append(self.core.step(req_id, tokens, list(sampled), room, draft) if room > 0 else [])
-        self.steps.end(len(decoding) + sum(len(chain) for chain in out))   # the next step verifies roots + chains
+        self.steps.end(len(decoding), sum(len(chain) for chain in out))   # the next step verifies roots + chains
         return out
 
     def load_model(self, *args, **kwargs) -> None:

@@ -61,6 +61,10 @@ def test_mismatches_are_near_ties_only_under_the_margin():
     assert rows[0]["mismatch"] == {"position": 1, "margin": 0.1, "kind": "near_tie"}
     assert rows[1]["mismatch"]["kind"] == "defect"          # a wide margin flipped: a defect
     assert rows[2]["mismatch"]["kind"] == "defect"          # stopped early: never a rounding effect
+    parted_early = {"d": _row("d", "vllm", [1, 2, 3], margins=[5.0])}   # the untimed re-run parted at 0
+    late = [_row("d", "x", [1, 2, 9])]
+    vb.compare(late, parted_early, 0.25)
+    assert late[0]["mismatch"] == {"position": 2, "margin": None, "kind": "unclassified"}   # not a defect: unknown
     same = [_row("a", "y", [1, 2, 3])]
     vb.compare(same, ref, 0.25)
     assert same[0]["exact"] and "mismatch" not in same[0]

@@ -294,3 +294,13 @@ def test_without_steps_the_revisit_term_changes_nothing():
     stats.record("d", 0, trials=3, accepted=1)
     p, trials = stats._estimate("d", 0, 1)
     assert stats.plan_probability("d", 0, 1) == pytest.approx(p + 0.5 * math.sqrt(p * (1 - p) / (trials + 1)))
+
+
+def test_a_batch_takes_its_share_of_the_uncertainty_bonus():
+    """Inside vLLM one estimate plans every request of a batch of B: each explores at 1 / B of the bonus (a
+    never-tried cell plans at 0.75 alone, just above its 0.5 mean at batch 16), the mean itself unchanged."""
+    stats = AcceptanceStats()
+    assert stats.plan_probability("d", 0, 1) == pytest.approx(0.75)
+    stats.bonus_scale = 1 / 16
+    assert stats.plan_probability("d", 0, 1) == pytest.approx(0.5 + 0.25 / 16)
+    assert stats.probability("d", 0, 1) == pytest.approx(0.5)
