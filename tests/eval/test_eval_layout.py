@@ -20,7 +20,7 @@ PACKAGE = "ooospec.eval"
 # command lines and stage entry points: flags, printing, writing files; nothing in eval/ imports them
 CLI_MODULES = {"bench.cli", "agent.cli", "transfer.stage", "sidecar.report", "sidecar.compare", "substrate.cli",
                "bench.hint_replay", "vllm.bench", "sidecar.engines", "vllm.load", "sidecar.own_calls", "vllm.substrate",
-               "vllm.numerics", "vllm.matrix"}
+               "vllm.numerics", "vllm.matrix", "vllm.load_probe"}
 # report modules whose job is rendering (others import them) and which also carry a small command-line front
 REPORT_MODULES_WITH_CLI = {"bench.report", "transfer.report", "vllm.report", "sidecar.own_calls_report",
                            "substrate.roofline", "substrate.quantized", "substrate.call_quality", "vllm.headline"}

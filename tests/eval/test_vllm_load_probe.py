@@ -5,11 +5,19 @@ from __future__ import annotations
 import pytest
 
 from ooospec.eval.vllm import load_probe as lp
-from tests.eval.test_vllm_load import RECORD, validated
+from tests.eval.test_vllm_load import RECORD
+
+
+def test_the_probe_takes_one_concurrency_and_sets_what_the_server_reads():
+    args = lp.parse_args(["--target", "m", "--out", "out/x.json", "--concurrency", "8"])
+    assert (args.levels, args.streams, args.rounds, args.reps) == ([8], [False], 1, 3)
+    with pytest.raises(SystemExit):
+        lp.parse_args(["--target", "m", "--out", "out/x.json", "--reps", "0"])
 
 
 def test_opted_out_requests_carry_off_beside_their_history():
-    args = validated("--concurrency", "16")
+    args = lp.parse_args(["--target", "m", "--out", "out/x.json"])
+    args.model_dir = "/models/m"
     off = lp.bodies_of(args, [RECORD, {**RECORD, "id": "r2"}], "probe-toolspec-off-0", lp.OPTED_OUT)
     assert [b["vllm_xargs"] for b in off] == [{"ooospec_history": "probe-toolspec-off-0", "ooospec": "off"}] * 2
     plain = lp.bodies_of(args, [RECORD], None, None)
