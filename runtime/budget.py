@@ -51,7 +51,8 @@ when 2 trials failed, ~3,000 when 4 did, ~10x longer after each further failure 
 is a node now and then; the chain proposer inside vLLM does not tick the clock, its verification is nearly free).
 In a batch of ``B`` requests sharing one estimate (the chain proposer inside vLLM) both bonuses are scaled by
 ``1 / B`` (``bonus_scale``): exploring costs each of them a draft the batch pays for, while what it teaches is
-learnt once -- on 2 Zen 4 cores at batch 8-16, fresh estimates planned at 0.75 were accepted a third of the time.
+learnt once (with the two-slope chain price of ``runtime/vllm/step_cost.py``, it took drafting's extra cost at 16
+in flight from 9% of the wall time to none: ``python -m ooospec.eval.vllm.load_probe``, eval/reports/cpu/quantized/).
 A drafter that classes its proposals keeps one class's failures from writing off another (the schema drafter's
 ``open`` guesses, before a call's body, from its ``call`` ones, inside it).
 
