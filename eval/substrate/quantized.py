@@ -94,7 +94,9 @@ def rows(folder: Path, benchmark_dir: Path | None = None) -> list[list]:
             f"{spec['mean_s']:.3f}", f"**{spec['vs_llamacpp']:.2f}x**" if "vs_llamacpp" in spec else "-",
             f"{spec['speedup']:.2f}x", f"{spec['mat']:.2f}",
             f"{round(spec['exact_rate'] * spec['n'])}/{spec['n']} / {spec['near_ties']} / {spec['defects']}"]
-        table.append([target, bench, q["scheme"] if q else data["env"]["dtype"], plain["n"],
+        weights = (q["scheme"] if q else data["env"]["dtype"]) + (
+            f", {data['env']['block_size']}-token KV blocks" if data["env"].get("block_size") else "")
+        table.append([target, bench, weights, plain["n"],
                       f"{llama_s:.3f}" if llama_s else "-", f"{plain['mean_s']:.3f}", *timing,
                       *_quality_cells(rows_of_results(data, "vllm"), gold)])
     for path in sorted(folder.glob("*.llamacpp.json")):           # llama.cpp cells without a vLLM cell beside them
@@ -116,7 +118,10 @@ def render(folder: Path, benchmark_dir: Path | None = None) -> str:
     if found:
         env = found[0][3]["env"]
         cpu = env["cpu"]
-        warm = "toolbox warm (prefix caching on)" if env.get("warm_tools") else "cold"
+        blocks = f", {env['block_size']}-token blocks" if env.get("block_size") else ""
+        warm = f"toolbox warm (prefix caching on{blocks})" if env.get("warm_tools") else "cold"
+        if len({c[3]["env"].get("block_size") for c in found}) > 1:
+            warm += ", KV blocks of vLLM's default size (128 on the CPU) where a row names none"
         head = (f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; vLLM {env['vllm']}, "
                 f"{env['threads']} threads, batch 1, {warm}, up to {env.get('max_new_tokens')} new tokens; "
                 + regenerate)

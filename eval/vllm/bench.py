@@ -98,6 +98,8 @@ def summarize(rows: list[dict], ref_mean: float | None) -> dict:
            "unclassified": sum(r.get("mismatch", {}).get("kind") == "unclassified" for r in rows)}
     if ref_mean:
         out["speedup"] = ref_mean / out["mean_s"]
+    if rows and all(r.get("cached_tokens") is not None for r in rows):   # what each request prefilled
+        out["prefilled_tokens"] = statistics.fmean(r["prompt_len"] - r["cached_tokens"] for r in rows)
     pairs = [r["paired"] for r in rows if r.get("paired")]
     if pairs and len(pairs) == len(rows):    # --paired: toolspec on the same engine, request by request
         paired_s = sum(p["toolspec_s"] for p in pairs)

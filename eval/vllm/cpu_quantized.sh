@@ -23,6 +23,9 @@ SUBSTRATE_THREADS=${SUBSTRATE_THREADS:-"2 1"}   # 1 and 2: the many-core model i
 LIMIT=${LIMIT:-30}
 WARM=${WARM:-1}
 WARM_FLAG=$([ "$WARM" = 1 ] && echo --warm-tools || true)
+# the KV cache's block size (the prefix cache's unit; vLLM's CPU default 128): cells in <format>-b<N>/
+BLOCK_SIZE=${BLOCK_SIZE:-}
+BLOCK_FLAG=${BLOCK_SIZE:+--block-size $BLOCK_SIZE}
 METHODS=${METHODS:-vllm,toolspec}
 export LLAMACPP_METHODS=${LLAMACPP_METHODS:-llama.cpp,llama.cpp-pld}   # greedy, and the bindings' prompt lookup
 DENSE_METHODS=${DENSE_METHODS:-${BF16_METHODS:-vllm}}   # dense: plain (the quality reference, what quantizing buys)
@@ -42,15 +45,15 @@ done
 for f in $FORMATS; do
   for t in $TARGETS; do
     for b in $BENCHES; do
-      cell="$OUT/$f/${t}_${b}"
+      cell="$OUT/$f${BLOCK_SIZE:+-b$BLOCK_SIZE}/${t}_${b}"
       [ -f "$cell.json" ] && continue
-      mkdir -p "$OUT/$f"
+      mkdir -p "$(dirname "$cell")"
       case "$f" in
         bf16|fp32) QUANT="--dtype $f"; M=$DENSE_METHODS ;;
         *) QUANT="--quantized $f"; M=$METHODS ;;
       esac
       .venv-vllm/bin/ooospec vllm-bench --target "$t" $QUANT --dataset "$b" --limit "$LIMIT" --methods "$M" \
-        --threads 2 --max-new-tokens 128 $WARM_FLAG --llamacpp-bench "$OUT/${t}_${b}.llamacpp.json" --out "$cell.json"
+        --threads 2 --max-new-tokens 128 $WARM_FLAG $BLOCK_FLAG --llamacpp-bench "$OUT/${t}_${b}.llamacpp.json" --out "$cell.json"
     done
   done
 done

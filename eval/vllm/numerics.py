@@ -190,26 +190,30 @@ def same_token(cell: dict, row: dict, probed_method: str | None, position: int) 
     return row["tokens"][position:position + 1] == other["tokens"][position:position + 1]
 
 
+KIND_COUNTS = {"near_tie": "near_ties", "defect": "defects", "unclassified": "unclassified"}   # a method's counts
+
+
 def reclassify(cell: dict, bound: float, source: str, flips: dict | None = None) -> dict:
     """``cell`` (a vllm-bench results JSON) with every mismatch's kind against ``bound`` and each method's
     ``near_ties`` / ``defects`` counted again; ``env.tie_margin`` records the bound and where it came from.
     ``flips``: ``{(record, position): (probed method, "probe" | "probe margin")}``, the mismatches a probe made near
     ties (:func:`probe_near_tie`): a row there that left plain with the probed method's token is a near tie whatever
-    its recorded margin (``"by"`` says which probe rule)."""
+    its recorded margin (``"by"`` says which probe rule); an ``unclassified`` one (no margin) no probe resolved stays
+    so."""
     flips = flips or {}
     counts: dict[str, dict[str, int]] = {}
     for row in cell["examples"]:
         m = row.get("mismatch")
-        c = counts.setdefault(row["method"], {"near_ties": 0, "defects": 0})
-        if m is None or m.get("kind") == "unclassified":
+        c = counts.setdefault(row["method"], {"near_ties": 0, "defects": 0, "unclassified": 0})
+        if m is None:
             continue
         m.pop("by", None)
         key = (row["record_id"], m.get("position"))
         if key in flips and same_token(cell, row, flips[key][0], m["position"]):
             m.update(kind="near_tie", by=flips[key][1])
-        else:
+        elif m.get("kind") != "unclassified" or m.get("margin") is not None:   # unclassified: no margin, no probe
             m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
-        c["near_ties" if m["kind"] == "near_tie" else "defects"] += 1
+        c[KIND_COUNTS[m["kind"]]] += 1
     for method, c in counts.items():
         if method in cell["methods"]:
             cell["methods"][method].update(c)

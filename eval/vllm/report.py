@@ -30,8 +30,12 @@ SKIP = (VLLM_REFERENCE, VLLM_PREFILL)     # the reference and the prefill probe 
 
 
 def caching(env: dict) -> str:
-    """How a cell's prompt KV started, in words (the cold default, or ``vllm-bench --warm-tools``)."""
-    return "prefix caching on, toolbox warm" if env.get("warm_tools") else "prefix caching off"
+    """How a cell's prompt KV started, in words (the cold default, or ``vllm-bench --warm-tools``, with the KV cache's
+    block size: the prefix cache serves whole blocks only)."""
+    if not env.get("warm_tools"):
+        return "prefix caching off"
+    blocks = f", {env['block_size']}-token blocks" if env.get("block_size") else ""
+    return f"prefix caching on{blocks}, toolbox warm"
 
 
 def cells(folder: Path) -> list[dict]:
@@ -54,7 +58,7 @@ def unresolved(cell: dict, bound: float) -> list[tuple[str, int, str]]:
     out, seen = [], set()
     for row in cell["examples"]:
         m = row.get("mismatch")
-        if m is None or m.get("kind") == "unclassified" or (m.get("margin") is not None and m["margin"] <= bound):
+        if m is None or (m.get("margin") is not None and m["margin"] <= bound):     # unclassified: no margin, probed
             continue
         if (row["record_id"], m["position"]) not in seen:
             seen.add((row["record_id"], m["position"]))

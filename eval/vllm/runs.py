@@ -73,6 +73,8 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
     p.add_argument("--chain-cost-slope", type=float, default=0.02)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=None,
+                   help="the KV cache's block size in tokens, the prefix cache's unit (vLLM's CPU default: 128)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="on a GPU: the share of its memory the target's engine takes (vLLM's default 0.9; less when "
                         "a sidecar server runs on the same GPU)")
@@ -138,6 +140,8 @@ def engine_kwargs(args, method: str) -> dict:
           "disable_log_stats": False, "max_num_seqs": 1}
     if getattr(args, "gpu_memory_utilization", None):
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if getattr(args, "block_size", None):
+        kw["block_size"] = args.block_size
     spec = speculative_config(method, args.k, args.ngram_k)
     if spec is not None:
         kw["speculative_config"] = spec
@@ -291,9 +295,11 @@ class MethodRun:
             self.schedules[record["id"]], wave = self.wave_first.run(record, t)
             sp = SamplingParams(**self.params, extra_args=request_xargs(self.method, record, None,
                                                                         self.schedules[record["id"]]))
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
+        result = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t
+        out = result.outputs[0]
         row = self.row(record, ids, out, wall, before, counters(llm))
+        row["cached_tokens"] = getattr(result, "num_cached_tokens", None)   # prompt tokens the prefix cache served
         if self.sidecar and self.requests_before is not None:   # the shared deployment's waves, as its server saw
             after = wave_requests(self.sidecar, settle=True)
             row.update({} if after is None else {"sidecar_requests": after - self.requests_before})
@@ -492,6 +498,7 @@ def environment(args) -> dict:
             "k": args.k, "ngram_k": getattr(args, "ngram_k", None),
             "max_model_len": getattr(args, "max_model_len", None), "max_new_tokens": args.max_new_tokens,
             "prefix_caching": bool(getattr(args, "warm_tools", False)),
+            "block_size": getattr(args, "block_size", None),
             "warm_tools": bool(getattr(args, "warm_tools", False)),
             "batch": 1,
             "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],

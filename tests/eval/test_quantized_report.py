@@ -51,6 +51,20 @@ def test_formats_table(tmp_path):
     assert "Test CPU" in text and "toolbox warm" in text
 
 
+def test_a_cell_with_its_own_kv_block_size_says_so(tmp_path):
+    """``BLOCK_SIZE=32 bash eval/vllm/cpu_quantized.sh``: the cells sit in ``<format>-b32/`` beside the default
+    blocks' cells, and their row names the block size (the prefix cache serves whole blocks)."""
+    bench = _benchmark_dir(tmp_path)
+    folder = tmp_path / "cpu"
+    for sub, block in (("w8a8", None), ("w8a8-b32", 32)):
+        cell = _cell("w8a8", 3.0, 1.0, GOOD)
+        cell["env"]["block_size"] = block
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "qwen_bench.json").write_text(json.dumps(cell))
+    lines = [x for x in quantized_report.render(folder, bench).splitlines() if x.startswith("| qwen")]
+    assert [line.split(" | ")[2] for line in lines] == ["w8a8", "w8a8, 32-token KV blocks"]
+
+
 def test_a_plain_only_cell_keeps_its_quality_row(tmp_path):
     bench = _benchmark_dir(tmp_path)
     cell = _cell("bf16", 4.0, 2.0, GOOD)

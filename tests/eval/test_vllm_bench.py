@@ -263,6 +263,11 @@ def test_warm_tools_caches_the_toolbox_block_only(tmp_path):
     args.warm_tools = False
     assert vllm_runs.engine_kwargs(args, "vllm")["enable_prefix_caching"] is False
     assert vllm_report.caching({"warm_tools": True}) == "prefix caching on, toolbox warm"
+    assert (vllm_report.caching({"warm_tools": True, "block_size": 32})
+            == "prefix caching on, 32-token blocks, toolbox warm")
+    assert "block_size" not in vllm_runs.engine_kwargs(args, "vllm")       # vLLM's own default unless asked
+    args.block_size = 32
+    assert vllm_runs.engine_kwargs(args, "toolspec")["block_size"] == 32
 
 
 def test_dedicated_schedules_refuse_a_sidecar_that_answers_nothing():

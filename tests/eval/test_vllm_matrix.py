@@ -132,6 +132,8 @@ def test_a_mismatch_is_open_when_its_margin_is_above_the_bound_or_unknown():
     c = _mismatch_cell("t")
     assert unresolved(c, 1.0) == [("b", 2, "toolspec")]
     assert unresolved(c, 0.25) == [("a", 1, "toolspec"), ("b", 2, "toolspec")]
+    c["examples"][-1]["mismatch"]["kind"] = "unclassified"     # how vllm-bench labels a margin it could not read
+    assert unresolved(c, 1.0) == [("b", 2, "toolspec")]
     stored = {"record": "b", "result": {"position": 2, "method_token": "x", "plain_token": "3",
                                         "one_forward_at_pos": {"3": -0.1, "x": -2.0},
                                         "prefill_to_0_then_decode": {"x": -0.2, "3": -0.3}}}
@@ -188,3 +190,18 @@ def test_the_committed_matrix_readme_shows_its_generated_table():
     block = readme.split(matrix.REPORT_BEGIN, 1)[1].split(matrix.REPORT_END, 1)[0].strip("\n")
     assert block + "\n" == (out / "table.md").read_text(encoding="utf-8"), \
         "stale: python -m ooospec.eval.vllm.matrix eval/vllm/transfer_full.yaml --report"
+
+
+def test_a_probe_resolves_an_unclassified_mismatch_and_without_one_it_stays_unclassified():
+    """vllm-bench labels a mismatch whose margin its re-run could not read ``unclassified``: a probe that shows the
+    engine picking the drafted token makes it a near tie; with no probe it is neither a near tie nor a defect."""
+    from ooospec.eval.vllm.numerics import reclassify
+
+    c = _mismatch_cell("t")
+    c["examples"][-1]["mismatch"]["kind"] = "unclassified"
+    got = reclassify(json.loads(json.dumps(c)), 1.0, "n.json", {("b", 2): ("toolspec", "probe")})
+    assert [r["mismatch"]["kind"] for r in got["examples"] if "mismatch" in r] == ["near_tie", "near_tie"]
+    assert got["methods"]["toolspec"]["near_ties"] == 2 and got["methods"]["toolspec"]["unclassified"] == 0
+    got = reclassify(json.loads(json.dumps(c)), 0.25, "n.json")
+    assert [r["mismatch"]["kind"] for r in got["examples"] if "mismatch" in r] == ["defect", "unclassified"]
+    assert (got["methods"]["toolspec"]["defects"], got["methods"]["toolspec"]["unclassified"]) == (1, 1)
