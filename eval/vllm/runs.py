@@ -73,8 +73,7 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--ngram-k", type=int, default=8, help="num_speculative_tokens of vllm-ngram")
     p.add_argument("--chain-cost-slope", type=float, default=0.02)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=None,
-                   help="the KV cache's block size in tokens, the prefix cache's unit (vLLM's CPU default: 128)")
+    p.add_argument("--block-size", type=int, default=None, help="KV cache block tokens: the prefix cache's unit")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="on a GPU: the share of its memory the target's engine takes (vLLM's default 0.9; less when "
                         "a sidecar server runs on the same GPU)")
@@ -108,8 +107,7 @@ def counters(llm) -> dict[str, float]:
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The first position where token lists ``a`` and ``b`` differ (the shorter one's length when one is a prefix
-    of the other); None when they are equal."""
+    """Where ``a`` and ``b`` first differ (the shorter's length if one prefixes the other); None if equal."""
     n = common_prefix_len(a, b)
     return None if n == len(a) == len(b) else n
 
@@ -136,12 +134,8 @@ def next_token_margins(llm, prompts: Sequence[Sequence[int]], extra_args: dict |
 def engine_kwargs(args, method: str) -> dict:
     kw = {"model": args.model_dir, "tokenizer": args.model_dir, "dtype": args.dtype,
           "max_model_len": args.max_model_len, "enable_prefix_caching": bool(getattr(args, "warm_tools", False)),
-          "seed": 0,
-          "disable_log_stats": False, "max_num_seqs": 1}
-    if getattr(args, "gpu_memory_utilization", None):
-        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-    if getattr(args, "block_size", None):
-        kw["block_size"] = args.block_size
+          "seed": 0, "disable_log_stats": False, "max_num_seqs": 1}
+    kw.update({k: getattr(args, k) for k in ("gpu_memory_utilization", "block_size") if getattr(args, k, None)})
     spec = speculative_config(method, args.k, args.ngram_k)
     if spec is not None:
         kw["speculative_config"] = spec
@@ -497,10 +491,8 @@ def environment(args) -> dict:
             "quantization": quantization_of(args.model_dir) if getattr(args, "model_dir", None) else None,
             "k": args.k, "ngram_k": getattr(args, "ngram_k", None),
             "max_model_len": getattr(args, "max_model_len", None), "max_new_tokens": args.max_new_tokens,
-            "prefix_caching": bool(getattr(args, "warm_tools", False)),
-            "block_size": getattr(args, "block_size", None),
-            "warm_tools": bool(getattr(args, "warm_tools", False)),
-            "batch": 1,
+            "prefix_caching": bool(getattr(args, "warm_tools", False)), "block_size": getattr(args, "block_size", None),
+            "warm_tools": bool(getattr(args, "warm_tools", False)), "batch": 1,
             "chain_cost_slope": args.chain_cost_slope, "argv": sys.argv[1:],
             "served": bool(getattr(args, "serve_lora", None)),
             "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",

@@ -48,7 +48,8 @@ def cell() -> dict:
 
 def test_reclassify_counts_against_the_measured_bound_and_records_it():
     out = numerics.reclassify(cell(), 0.9, "numerics.json")
-    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}    # 0.5625 is within 0.9; 1.5 is not
+    # 0.5625 is within 0.9; 1.5 is not
+    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1, "unclassified": 0}
     assert out["env"]["tie_margin"] == {"value": 0.9, "from": "numerics.json"}
     assert [r.get("mismatch", {}).get("kind") for r in out["examples"]] == ["near_tie", "near_tie", None, "defect"]
 
@@ -59,7 +60,7 @@ def test_the_reclassify_command_rewrites_cells_atomically(tmp_path):
     path = tmp_path / "cell.json"
     path.write_text(json.dumps(cell()))
     assert numerics.main(["--reclassify", str(path), "--bound-from", str(bound)]) == 0
-    assert json.loads(path.read_text())["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}
+    assert json.loads(path.read_text())["methods"]["toolspec"] == {"near_ties": 2, "defects": 1, "unclassified": 0}
     assert not list(tmp_path.glob("*.partial"))
     with pytest.raises(SystemExit):
         numerics.main(["--reclassify", str(path)])
@@ -99,7 +100,7 @@ def test_a_probe_that_sees_the_engine_pick_the_drafted_token_makes_that_mismatch
     kinds = [r.get("mismatch", {}) for r in out["examples"]]
     assert kinds[0] == {"position": 3, "margin": 0.5625, "kind": "near_tie", "by": "probe"}
     assert kinds[3]["kind"] == "defect"                       # another record: the bound decides
-    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1}
+    assert out["methods"]["toolspec"] == {"near_ties": 2, "defects": 1, "unclassified": 0}
     assert out["env"]["tie_margin"]["engine_flips"] == [["a", 3]]
     again = numerics.reclassify(out, 0.25, "numerics.json")   # without the probe: counted by the bound again
     assert again["examples"][0]["mismatch"] == {"position": 3, "margin": 0.5625, "kind": "defect"}
