@@ -211,7 +211,7 @@ def reclassify(cell: dict, bound: float, source: str, flips: dict | None = None)
         key = (row["record_id"], m.get("position"))
         if key in flips and same_token(cell, row, flips[key][0], m["position"]):
             m.update(kind="near_tie", by=flips[key][1])
-        elif m.get("kind") != "unclassified" or m.get("margin") is not None:   # unclassified: no margin, no probe
+        elif m.get("kind") != "unclassified":        # unclassified (no margin) and no probe: stays so
             m["kind"] = "near_tie" if m.get("margin") is not None and m["margin"] <= bound else "defect"
         c[KIND_COUNTS[m["kind"]]] += 1
     for method, c in counts.items():
