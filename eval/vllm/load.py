@@ -186,8 +186,9 @@ def settings_of(args, records: list[dict]) -> dict:
     """What a saved method's levels must have been run with to be reused by a rerun."""
     keys = ("target", "levels", "streams", "max_new_tokens", "prefix_caching", "threads", "dtype", "k", "ngram_k",
             "chain_cost_slope")
+    blocks = {k: getattr(args, k) for k in ("quantized", "block_size") if getattr(args, k, None)}   # old: no key
     return {"ids": [r["id"] for r in records], "drafter_history": "per level",
-            **{k: getattr(args, k) for k in keys}}
+            **{k: getattr(args, k) for k in keys}, **blocks}
 
 
 def measure(args, records: list[dict], saved: Path) -> dict[str, dict]:
@@ -250,7 +251,8 @@ def render_table(results: dict) -> str:
                      fmt_cell(prop.get("pricing", {}).get("price"), "{:.4f}")])
     env = results["env"]
     title = (f"### vllm-load: {results['target']} on {results['dataset']} ({results['n']} requests, "
-             f"{env['threads']} threads, {env['dtype']}, prefix caching {'on' if env['prefix_caching'] else 'off'})")
+             f"{env['threads']} threads, {env['dtype']}, prefix caching {'on' if env['prefix_caching'] else 'off'}"
+             + (f", {env['block_size']}-token KV blocks" if env.get("block_size") else "") + ")")
     rounds = render_rounds(round_summary(results["levels"]))
     return title + "\n\n" + md_table(headers, rows, labels=3) + ("\n\n" + rounds if rounds else "")
 

@@ -1,7 +1,7 @@
 """The OpenAI-server side of the load benches: a vLLM server of a method, its health, chat requests sent with at most
 c in flight (streamed or not) and put back together, and the proposer's metrics lines in its log. Used by
 :mod:`ooospec.eval.vllm.load` (``ooospec vllm-load``) and :mod:`ooospec.eval.vllm.load_probe`; ``args`` are theirs
-(``model_dir``, ``dtype``, ``levels``, ``prefix_caching``, ``k``, ``ngram_k``, ``chain_cost_slope``,
+(``model_dir``, ``dtype``, ``levels``, ``prefix_caching``, ``block_size``, ``k``, ``ngram_k``, ``chain_cost_slope``,
 ``log_interval``, ``streams``, ``rounds``).
 """
 
@@ -159,6 +159,9 @@ def server_command(args, method: str, port: int) -> list[str]:
            "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if args.prefix_caching == "off":
         cmd.append("--no-enable-prefix-caching")
+    for flag in ("block_size", "gpu_memory_utilization"):   # vLLM's defaults where not given
+        if getattr(args, flag, None):
+            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     spec = speculative_config(method, args.k, args.ngram_k)
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]

@@ -87,6 +87,18 @@ def test_server_commands_per_method():
     assert "--no-enable-prefix-caching" not in vl.server_command(validated(), "vllm", 1)
 
 
+def test_the_kv_block_size_reaches_the_server_and_the_resume_key():
+    """``--block-size`` (the prefix cache's unit) is the server's, and a saved run of another size is not reused."""
+    assert "--block-size" not in vl.server_command(validated(), "vllm", 1)          # vLLM's default
+    for method in ("vllm", "toolspec"):
+        cmd = vl.server_command(validated("--block-size", "32"), method, 1)
+        assert cmd[cmd.index("--block-size") + 1] == "32"
+    records = [{"id": "r0"}]
+    default, b32 = (vl.settings_of(validated(*argv), records) for argv in ([], ["--block-size", "32"]))
+    assert "block_size" not in default and b32["block_size"] == 32 and default != b32
+    assert vl.settings_of(validated("--quantized", "w8a8-rtn"), records)["quantized"] == "w8a8-rtn"
+
+
 # --------------------------------------------------------------------------------------------- requests
 
 
@@ -273,6 +285,9 @@ def test_levels_compare_with_plain_at_the_same_level_and_render():
     md = vl.render_table(results)
     lines = md.splitlines()
     assert lines[0].startswith("### vllm-load: m on apibank-l1 (2 requests, 2 threads, bfloat16, prefix caching on)")
+    results["env"]["block_size"] = 32
+    assert vl.render_table(results).startswith("### vllm-load: m on apibank-l1 (2 requests, 2 threads, bfloat16, "
+                                               "prefix caching on, 32-token KV blocks)")
     row = next(ln for ln in lines if ln.startswith("| toolspec | 4 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2:] == ["off", "0.50", "2.0", "3.00", "3.00", "1.50", "0.50x", "1.50x", "50.0%", "0", "0",
