@@ -186,9 +186,10 @@ def settings_of(args, records: list[dict]) -> dict:
     """What a saved method's levels must have been run with to be reused by a rerun."""
     keys = ("target", "levels", "streams", "max_new_tokens", "prefix_caching", "threads", "dtype", "k", "ngram_k",
             "chain_cost_slope")
-    blocks = {k: getattr(args, k) for k in ("quantized", "block_size") if getattr(args, k, None)}   # old: no key
+    # keyed only when given, so that saves from before these options stay reusable
+    given = {k: getattr(args, k) for k in ("quantized", "block_size") if getattr(args, k, None)}
     return {"ids": [r["id"] for r in records], "drafter_history": "per level",
-            **{k: getattr(args, k) for k in keys}, **blocks}
+            **{k: getattr(args, k) for k in keys}, **given}
 
 
 def measure(args, records: list[dict], saved: Path) -> dict[str, dict]:
