@@ -29,7 +29,7 @@ from ooospec.runtime.methods import LLAMACPP_REFERENCE, TOOLSPEC, VLLM_PREFILL, 
 # (folder, glob): the sessions the README's table shows, each a complete set of cells on one machine
 README_CELLS = (
     ("eval/reports/transfer/vllm", "*.json"),                               # the transfer_vllm stage's cells
-    ("eval/reports/transfer/vllm-full", "*.json"),                          # the full matrix (three families)
+    ("eval/reports/transfer/vllm-full", "*/*.json"),                        # the full matrix, a folder per CPU class
     ("eval/reports/cpu/quantized/xeon-amx", "w8a8*/*.json"),                # Xeon AMX, int8, warm
     ("eval/reports/cpu/quantized/epyc-avx2", "fp32/*.json"),                # EPYC Zen 3 (AVX2 only), fp32, warm
 )
@@ -236,10 +236,15 @@ def findings(cells: list[dict]) -> str:
     def over(cells_, num, den):    # den's speed over num's: num mean s / den mean s, where both ran
         return [per(c, num) / per(c, den) for c in cells_ if per(c, num) and per(c, den)]
 
+    def cpu(c):
+        return cpu_class(c["env"]["cpu"]["model"], c["env"]["cpu"]["flags"])
+
+    several_cpus = len({cpu(c) for c in cells}) > 1     # then a cell's name says which machine it ran on
+
     def name(c):
         w = weights(c["env"])
         return (f"{Path(c['target']).name} x {c['dataset']} ({'warm' if c['env'].get('warm_tools') else 'cold'}"
-                + ("" if w == "bf16" else f", {w}") + ")")
+                + ("" if w == "bf16" else f", {w}") + (f", {cpu(c)}" if several_cpus else "") + ")")
 
     vs_plain = over(cells, VLLM_REFERENCE, TOOLSPEC)
     lines = [f"- `toolspec` x vLLM plain: {spread(vs_plain)} over {len(cells)} cells; slower than plain in "

@@ -6,10 +6,13 @@ the cells counted against it, then its table, plot and W&B run.
     python -m ooospec.eval.vllm.matrix eval/vllm/transfer_full.yaml --report  # only bounds, table, plot, W&B
 
 The params file has one ``transfer_vllm`` section, as params.yaml's, with ``caches`` (a list of ``warm`` / ``cold``)
-instead of ``cache`` and an ``out`` folder. The script runs once per toolbox state and benchmark, every target in
-each, so all families reach a benchmark before the next one starts. A finished cell is kept; a cell that fails (a
-target vLLM cannot load) leaves ``CELL.error.txt`` with its error, which the table lists. ``touch OUT/.stop`` stops
-the run after the cell it is in (no report); remove the file and run again to go on.
+instead of ``cache`` and an ``out`` folder, where ``{cpu}`` stands for this machine's CPU class (``xeon-amx``,
+``epyc-avx512bf16``, ...): a matrix holds one machine's cells, so each CPU class fills its own folder
+(``--report --cpu CLASS`` renders another class's folder without measuring anything). The script runs once per
+toolbox state and benchmark, every target in each, so all families reach a benchmark before the next one starts.
+A finished cell is kept; a cell that fails (a target vLLM cannot load) leaves ``CELL.error.txt`` with its error,
+which the table lists. ``touch OUT/.stop`` stops the run after the cell it is in (no report); remove the file and
+run again to go on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import yaml
 from ooospec.eval.vllm.headline import replace_block
 from ooospec.eval.vllm.report import unresolved
 from ooospec.reporting import md_table
-from ooospec.runtime.backends.hardware import cpu_info
+from ooospec.runtime.backends.hardware import cpu_info, cpu_tag
 
 SCRIPT = Path(__file__).with_name("transfer_cells.sh")
 REPORT_BEGIN, REPORT_END = "<!-- table: python -m ooospec.eval.vllm.matrix PARAMS --report -->", "<!-- /table -->"
@@ -34,9 +37,10 @@ STOP = ".stop"        # a file of this name in the out folder stops the run befo
 KEYS = ("targets", "benchmarks", "limit", "methods", "caches", "gate", "warmup", "out")
 
 
-def load_params(path: Path) -> dict:
-    """The ``transfer_vllm`` section of ``path``; targets / benchmarks / caches as lists, methods as a comma string.
-    Raises ValueError naming a missing or unknown key."""
+def load_params(path: Path, cpu: str | None = None) -> dict:
+    """The ``transfer_vllm`` section of ``path``; targets / benchmarks / caches as lists, methods as a comma string,
+    ``{cpu}`` in ``out`` as ``cpu`` (default: this machine's class). Raises ValueError naming a missing or unknown
+    key."""
     section = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("transfer_vllm")
     if section is None:
         raise ValueError(f"{path}: no transfer_vllm section")
@@ -54,6 +58,7 @@ def load_params(path: Path) -> dict:
         raise ValueError(f"{path}: caches must be warm or cold, got {bad}")
     if not isinstance(out["methods"], str):
         out["methods"] = ",".join(out["methods"])
+    out["out"] = str(out["out"]).format(cpu=cpu or cpu_tag())    # {cpu}: this machine's CPU class, a matrix per class
     return out
 
 
@@ -179,9 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true",
                    help="only the near-tie bounds (measured where missing) and the table, plot and W&B run")
     p.add_argument("--report-to", choices=("wandb", "none"), default="wandb")
+    p.add_argument("--cpu", help="with --report: render the folder of this CPU class (default: this machine's); "
+                                 "another class's bounds and probes are never measured here")
     args = p.parse_args(argv)
-    params = load_params(args.params)
+    params = load_params(args.params, args.cpu)
     out = Path(params["out"])
+    if args.cpu and args.cpu != cpu_tag():
+        if not args.report:
+            p.error(f"--cpu {args.cpu}: this machine is {cpu_tag()}; a matrix is measured only on its own CPU class")
+        if not out.is_dir():
+            p.error(f"--cpu {args.cpu}: no folder {out}")
+        print(write_report(out, args.report_to))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for env in runs(params):

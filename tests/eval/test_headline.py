@@ -101,8 +101,8 @@ def test_quantized_weights_are_named_by_their_scheme():
 
 
 def test_write_replaces_only_the_block(tmp_path, monkeypatch):
-    (tmp_path / "eval/reports/transfer/vllm-full").mkdir(parents=True)       # a folder of the README's cells
-    (tmp_path / "eval/reports/transfer/vllm-full/qwen2.5-coder-1.5b_apibank-l1_cold.json").write_text(
+    (tmp_path / "eval/reports/transfer/vllm-full/epyc-avx512bf16").mkdir(parents=True)  # a folder of the README's cells
+    (tmp_path / "eval/reports/transfer/vllm-full/epyc-avx512bf16/qwen2.5-coder-1.5b_apibank-l1_cold.json").write_text(
         json.dumps(cell({"vllm": summary(6.0), "toolspec": summary(2.0)})))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{headline.BEGIN}\nOLD-BLOCK\n{headline.END}\n\nafter\n")

@@ -39,6 +39,29 @@ def test_the_shipped_full_matrix_is_three_families_thirty_requests_warm_and_cold
     assert all(r["FOREIGN"] == "stop" for r in order)     # a matrix holds one machine's cells
 
 
+def test_each_cpu_class_fills_its_own_folder(tmp_path, monkeypatch):
+    """``{cpu}`` in ``out`` is the machine's CPU class: a Xeon's and a Zen 4's cells never share a table."""
+    params = matrix.load_params(ROOT / "eval/vllm/transfer_full.yaml", cpu="xeon-amx")
+    assert params["out"] == "eval/reports/transfer/vllm-full/xeon-amx"
+    monkeypatch.setattr(matrix, "cpu_tag", lambda: "epyc-avx512bf16")
+    assert matrix.load_params(ROOT / "eval/vllm/transfer_full.yaml")["out"].endswith("vllm-full/epyc-avx512bf16")
+    # another class's folder is only rendered, never measured here
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps({"transfer_vllm": {k: "x" for k in matrix.KEYS} | {
+        "caches": ["warm"], "out": str(tmp_path / "full/{cpu}")}}))
+    with pytest.raises(SystemExit):
+        matrix.main([str(path), "--cpu", "xeon-amx"])                       # a run, not --report
+    with pytest.raises(SystemExit):
+        matrix.main([str(path), "--cpu", "xeon-amx", "--report"])           # no such folder
+    (tmp_path / "full/xeon-amx").mkdir(parents=True)
+    (tmp_path / "full/xeon-amx/smollm2-135m_bfcl-simple-python_warm.json").write_text(json.dumps(
+        cell("smollm2-135m", True, vllm=1.0, toolspec=0.5)))
+    monkeypatch.setattr(matrix, "bound_cells", lambda *a, **k: pytest.fail("measured on another CPU class"))
+    monkeypatch.chdir(tmp_path)
+    assert matrix.main([str(path), "--cpu", "xeon-amx", "--report", "--report-to", "none"]) == 0
+    assert "| smollm2-135m | bfcl-simple-python |" in (tmp_path / "full/xeon-amx/table.md").read_text()
+
+
 def test_a_bad_params_file_names_the_key(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("transfer_vllm:\n  targets: a\n  limt: 3\n")
@@ -181,15 +204,21 @@ def test_the_findings_are_computed_from_the_cells():
     assert "EMULATED own device x `toolspec`: 1.25-1.25x" in text and "(the ceiling): 2.00-2.00x" in text
     # ooo-spec's own methods and vLLM's speculation counted apart (a divergence of vLLM's ngram is not ours)
     assert "ooo-spec's drafted answers vs vLLM plain: 17 of 18 identical, 1 near ties, 0 defects." in text
+    # one cell of two machines' matrices: its name says which machine it ran on
+    c = cell("smollm2", False, vllm=2.0, toolspec=1.0, llama_cpp=0.8)
+    c["env"]["cpu"] = {"model": "AMD EPYC", "flags": ["avx512_bf16"]}
+    assert ("behind it in 2 of 2: smollm2 x bfcl-simple-python (cold, xeon-amx), "
+            "smollm2 x bfcl-simple-python (cold, epyc-avx512bf16).") in headline.findings([b, c])
     assert "`ngram` / `suffix` answers vs vLLM plain: 6 of 6 identical, 0 near ties, 0 beyond" in text
 
 
-def test_the_committed_matrix_readme_shows_its_generated_table():
-    out = ROOT / "eval/reports/transfer/vllm-full"
+@pytest.mark.parametrize("cpu", ["xeon-amx", "epyc-avx512bf16"])
+def test_the_committed_matrix_readme_shows_its_generated_table(cpu):
+    out = ROOT / "eval/reports/transfer/vllm-full" / cpu
     readme = (out / "README.md").read_text(encoding="utf-8")
     block = readme.split(matrix.REPORT_BEGIN, 1)[1].split(matrix.REPORT_END, 1)[0].strip("\n")
     assert block + "\n" == (out / "table.md").read_text(encoding="utf-8"), \
-        "stale: python -m ooospec.eval.vllm.matrix eval/vllm/transfer_full.yaml --report"
+        f"stale: python -m ooospec.eval.vllm.matrix eval/vllm/transfer_full.yaml --report --cpu {cpu}"
 
 
 def test_a_probe_resolves_an_unclassified_mismatch_and_without_one_it_stays_unclassified():

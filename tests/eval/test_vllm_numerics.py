@@ -70,7 +70,7 @@ def test_the_reclassify_command_rewrites_cells_atomically(tmp_path):
 def test_reclassify_rewrites_the_cells_own_table_too(tmp_path, table_name):
     # a real cell of the full matrix: SmolLM2 in bf16, where every drafting method (vLLM's ngram too) leaves plain's
     # one-token path, some at margins above bf16's default bound
-    src = ROOT / "eval/reports/transfer/vllm-full/smollm2-135m_bfcl-simple-python_warm.json"
+    src = ROOT / "eval/reports/transfer/vllm-full/xeon-amx/smollm2-135m_bfcl-simple-python_warm.json"
     path = tmp_path / src.name
     path.write_text(src.read_text(encoding="utf-8"))
     table = tmp_path / table_name.format(stem=src.stem)
