@@ -136,13 +136,18 @@ def weights(env: dict) -> str:
     return q.get("scheme", "int8") if q else {"bfloat16": "bf16", "float32": "fp32"}.get(env["dtype"], env["dtype"])
 
 
+def machine(env: dict) -> str:
+    """The CPU class a cell ran on (``xeon-amx``, ``epyc-avx512bf16``, ...)."""
+    return cpu_class(env["cpu"]["model"], env["cpu"]["flags"])
+
+
 def row(cell: dict) -> list:
     env, m = cell["env"], cell["methods"]
     plain, toolspec = m[VLLM_REFERENCE]["mean_s"], m.get(TOOLSPEC, {}).get("mean_s")
     llama = m.get(LLAMACPP_REFERENCE, {}).get("mean_s")
     emulated = m.get(EMULATED, {}).get("mean_s")
     oracle = m.get(ORACLE, {}).get("mean_s")
-    return [f"{cpu_class(env['cpu']['model'], env['cpu']['flags'])}, {env['threads']} threads", weights(env),
+    return [f"{machine(env)}, {env['threads']} threads", weights(env),
             "warm" if env.get("warm_tools") else "cold", Path(cell["target"]).name, cell["dataset"],
             m[VLLM_REFERENCE]["n"], f"{plain:.2f}", ratio(plain, toolspec), ratio(llama, toolspec), best_real(m),
             ratio(toolspec, emulated), ratio(plain, oracle), agreement(m), verdict(m)]
@@ -173,7 +178,7 @@ def by_target(cells: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
         env = c["env"]
-        key = (c.get("source"), cpu_class(env["cpu"]["model"], env["cpu"]["flags"]), env["threads"], weights(env),
+        key = (c.get("source"), machine(env), env["threads"], weights(env),
                bool(env.get("warm_tools")), Path(c["target"]).name)
         groups.setdefault(key, []).append(c)
     out = []
@@ -236,15 +241,12 @@ def findings(cells: list[dict]) -> str:
     def over(cells_, num, den):    # den's speed over num's: num mean s / den mean s, where both ran
         return [per(c, num) / per(c, den) for c in cells_ if per(c, num) and per(c, den)]
 
-    def cpu(c):
-        return cpu_class(c["env"]["cpu"]["model"], c["env"]["cpu"]["flags"])
-
-    several_cpus = len({cpu(c) for c in cells}) > 1     # then a cell's name says which machine it ran on
+    several_cpus = len({machine(c["env"]) for c in cells}) > 1     # then a cell's name says which machine it ran on
 
     def name(c):
         w = weights(c["env"])
         return (f"{Path(c['target']).name} x {c['dataset']} ({'warm' if c['env'].get('warm_tools') else 'cold'}"
-                + ("" if w == "bf16" else f", {w}") + (f", {cpu(c)}" if several_cpus else "") + ")")
+                + ("" if w == "bf16" else f", {w}") + (f", {machine(c['env'])}" if several_cpus else "") + ")")
 
     vs_plain = over(cells, VLLM_REFERENCE, TOOLSPEC)
     lines = [f"- `toolspec` x vLLM plain: {spread(vs_plain)} over {len(cells)} cells; slower than plain in "
